@@ -1,0 +1,248 @@
+"""The public API: load a target (and a drafter), then generate text or token ids."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from quickdraft.engine import Generation, StopCheck
+from quickdraft.errors import QuickdraftError
+from quickdraft.methods import DrafterOptions, default_method, get_method, make_runner
+from quickdraft.models.loading import LoadedModel, ModelSource, check_same_vocabulary, load_model
+from quickdraft.sampling import SamplingParams
+from quickdraft.stats import Stats, StepRecord
+
+Prompt = str | list[int]
+
+
+@dataclass
+class GenerationOutput:
+    """The result of Decoder.generate."""
+
+    text: str  # the new text (ends before a stop string; special tokens skipped)
+    token_ids: list[int]  # the new token ids (EOS included when it ended the output)
+    prompt_token_ids: list[int]
+    stats: Stats
+    steps: list[StepRecord] = field(default_factory=list)
+
+    @property
+    def finish_reason(self) -> str:
+        return self.stats.finish_reason
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "prompt_token_ids": self.prompt_token_ids,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats.to_dict(),
+        }
+
+
+class Decoder:
+    """A target model, a drafting method and K; generate() decodes one prompt at a time."""
+
+    def __init__(
+        self,
+        target: LoadedModel,
+        draft: LoadedModel | None = None,
+        method: str | None = None,
+        k: int | None = None,
+        *,
+        max_ngram: int = 3,
+        min_ngram: int = 1,
+    ) -> None:
+        self.target = target
+        self.draft = draft
+        self.method = method or default_method(draft is not None)
+        spec = get_method(self.method)
+        self.k = spec.default_k if k is None else k
+        if spec.speculative and self.k < 1:
+            raise QuickdraftError(f"k (draft tokens per step) must be >= 1, got {self.k}")
+        if not spec.speculative:
+            self.k = 0
+        if spec.needs_draft_model and draft is None:
+            raise QuickdraftError(f'method "{self.method}" needs a draft model (pass draft=... or --draft)')
+        self._target_runner = make_runner(target.model)
+        draft_runner = make_runner(draft.model) if spec.needs_draft_model else None
+        self._options = DrafterOptions(draft_runner, max_ngram, min_ngram)
+        self._drafter = spec.build(self._options)
+        self.eos_ids = _eos_ids(target)
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase | None:
+        return self.target.tokenizer
+
+    def with_method(self, method: str, k: int | None = None) -> Decoder:
+        """Another decoder over the same loaded models (no reload), e.g. a baseline."""
+        return Decoder(
+            self.target,
+            self.draft,
+            method,
+            k,
+            max_ngram=self._options.max_ngram,
+            min_ngram=self._options.min_ngram,
+        )
+
+    def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
+        """Prompt text or ids -> ids. Text gets the chat template when the model has one (chat=None)."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise QuickdraftError("the prompt is empty")
+            tokenizer = self._require_tokenizer()
+            use_chat = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
+            if use_chat:
+                if not getattr(tokenizer, "chat_template", None):
+                    raise QuickdraftError(f"model {self.target.name!r} has no chat template")
+                messages = [{"role": "user", "content": prompt}]
+                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+                return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+            return list(tokenizer(prompt)["input_ids"])
+        ids = [int(token) for token in prompt]
+        if not ids:
+            raise QuickdraftError("the prompt is empty")
+        vocab = self._target_runner.vocab_size
+        bad = [token for token in ids if not 0 <= token < vocab]
+        if bad:
+            raise QuickdraftError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        return ids
+
+    def start(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+        stop: list[str] | str | None = None,
+        chat: bool | None = None,
+    ) -> Generation:
+        """Prefill a prompt and return the Generation; step it yourself to stream."""
+        sampling = SamplingParams(temperature, top_k, top_p)
+        if max_new_tokens < 1:
+            raise QuickdraftError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        prompt_ids = self.encode(prompt, chat)
+        limit = self._target_runner.max_length
+        if len(prompt_ids) + max_new_tokens > limit:
+            raise QuickdraftError(
+                f"prompt ({len(prompt_ids)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds "
+                f"the context length of {self.target.name!r} ({limit} tokens)"
+            )
+        generator = torch.Generator().manual_seed(seed)
+        return Generation(
+            self._target_runner,
+            self._drafter,
+            prompt_ids,
+            k=self.k,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            generator=generator,
+            eos_ids=self.eos_ids,
+            stop_check=self._stop_check(stop),
+        )
+
+    def generate(self, prompt: Prompt, max_new_tokens: int = 128, **options) -> GenerationOutput:
+        """Decode `prompt` (text or token ids). Options: temperature, top_k, top_p, seed, stop, chat."""
+        generation = self.start(prompt, max_new_tokens, **options)
+        for _ in generation:
+            pass
+        return self.finish(generation, options.get("stop"))
+
+    def stream(self, prompt: Prompt, max_new_tokens: int = 128, **options) -> Iterator[StepRecord]:
+        """Yield each step's record as it is decoded."""
+        yield from self.start(prompt, max_new_tokens, **options)
+
+    def finish(self, generation: Generation, stop: list[str] | str | None = None) -> GenerationOutput:
+        """Package a finished Generation: decode the text and cut it before a stop string."""
+        new_ids = generation.new_tokens
+        text = self.decode(new_ids)
+        for stop_string in _as_list(stop):
+            if stop_string in text:
+                text = text[: text.index(stop_string)]
+        return GenerationOutput(text, new_ids, generation.tokens[: generation.prompt_length],
+                                generation.stats, generation.steps)
+
+    def decode(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def _stop_check(self, stop: list[str] | str | None) -> StopCheck | None:
+        stops = _as_list(stop)
+        if not stops:
+            return None
+        if any(not s for s in stops):
+            raise QuickdraftError("stop strings must not be empty")
+        self._require_tokenizer()
+        longest = max(len(s) for s in stops)
+
+        def check(new_ids: list[int]) -> bool:
+            # A stop string ends in the newest token, so decoding a short tail suffices.
+            tail = self.decode(new_ids[-(longest + 8) :])
+            return any(s in tail for s in stops)
+
+        return check
+
+    def _require_tokenizer(self) -> PreTrainedTokenizerBase:
+        if self.tokenizer is None:
+            raise QuickdraftError(
+                f"model {self.target.name!r} has no tokenizer: pass token ids, or tokenizer=..."
+            )
+        return self.tokenizer
+
+
+def _as_list(stop: list[str] | str | None) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
+
+def _eos_ids(target: LoadedModel) -> frozenset[int]:
+    """Every id that ends generation: from the config, the generation config and the tokenizer."""
+    ids: set[int] = set()
+    sources = [target.model.config, getattr(target.model, "generation_config", None)]
+    for source in sources:
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(int(v) for v in value)
+    if target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
+        ids.add(int(target.tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+def load(
+    target: ModelSource = None,
+    draft: ModelSource = None,
+    method: str | None = None,
+    k: int | None = None,
+    *,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    draft_tokenizer: PreTrainedTokenizerBase | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    dtype: torch.dtype = torch.float32,
+    max_ngram: int = 3,
+    min_ngram: int = 1,
+) -> Decoder:
+    """Load a target (None: the embedded default) and an optional draft model into a Decoder.
+
+    target/draft: a Hugging Face hub id, a local folder, a .gguf file, or a loaded model.
+    method: "none", "draft" or "prompt-lookup" (default: "draft" with a draft, else "prompt-lookup").
+    k: draft tokens per step (default per method).
+    """
+    if method is not None:
+        get_method(method)  # fail on a bad name before loading anything
+    if k is not None and k < 1 and method != "none":
+        raise QuickdraftError(f"k (draft tokens per step) must be >= 1, got {k}")
+    target_model = load_model(target, tokenizer, cache_dir, dtype)
+    draft_model = None
+    if draft is not None:
+        draft_model = load_model(draft, draft_tokenizer, cache_dir, dtype)
+        check_same_vocabulary(target_model, draft_model)
+    return Decoder(target_model, draft_model, method, k, max_ngram=max_ngram, min_ngram=min_ngram)

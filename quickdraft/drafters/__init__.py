@@ -1,0 +1,14 @@
+"""Drafters, one file per method, all behind the Drafter interface in base.py."""
+
+from quickdraft.drafters.base import Draft, Drafter, NoDrafter
+from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.prompt_lookup import PromptLookupDrafter, lookup_continuation
+
+__all__ = [
+    "Draft",
+    "DraftModelDrafter",
+    "Drafter",
+    "NoDrafter",
+    "PromptLookupDrafter",
+    "lookup_continuation",
+]

@@ -1,0 +1,129 @@
+"""The loop: propose -> verify -> accept -> roll back -> emit. One loop for every method.
+
+A Generation holds one sequence. The target's KV cache always holds every token but the
+last one; each step feeds that last token plus the K drafts in one target pass, so the
+logits at K + 1 positions score every draft and give the token after them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+
+from quickdraft.drafters.base import Drafter
+from quickdraft.models.runner import Runner
+from quickdraft.sampling import SamplingParams
+from quickdraft.stats import Stats, StepRecord
+from quickdraft.verify import verify
+
+StopCheck = Callable[[list[int]], bool]  # new token ids -> True when a stop string appeared
+
+
+class Generation:
+    """One sequence being decoded. Call step() until done; read tokens and stats."""
+
+    def __init__(
+        self,
+        target: Runner,
+        drafter: Drafter,
+        prompt_ids: list[int],
+        *,
+        k: int,
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        generator: torch.Generator,
+        eos_ids: frozenset[int] = frozenset(),
+        stop_check: StopCheck | None = None,
+    ) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.k = k
+        self.max_new_tokens = max_new_tokens
+        self.sampling = sampling
+        self.generator = generator
+        self.eos_ids = eos_ids
+        self.stop_check = stop_check
+        self.tokens = list(prompt_ids)  # prompt + accepted tokens
+        self.prompt_length = len(prompt_ids)
+        self.steps: list[StepRecord] = []
+        self.stats = Stats(prompt_tokens=len(prompt_ids))
+        self.finish_reason: str | None = None
+        self._started = time.perf_counter()
+        self._prefill()
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.tokens[self.prompt_length :]
+
+    def _prefill(self) -> None:
+        # Everything but the last prompt token goes into the caches; the first step feeds it.
+        start = time.perf_counter()
+        self.target.reset()
+        if self.prompt_length > 1:
+            self.target.forward(self.tokens[:-1], all_logits=False)
+        self.drafter.begin(self.tokens)
+        self.stats.prefill_time = time.perf_counter() - start
+
+    def step(self) -> StepRecord:
+        """One target pass; returns what it did."""
+        assert not self.done, "generation already finished"
+        remaining = self.max_new_tokens - len(self.new_tokens)
+        room = self.target.max_length - len(self.tokens)  # cache slots left after the last token
+        # Drafts past the end of the output can never be used; the target pass yields one more.
+        k = max(0, min(self.k, remaining - 1, room))
+
+        start = time.perf_counter()
+        draft = self.drafter.propose(self.tokens, k, self.sampling, self.generator)
+        drafted = time.perf_counter()
+        draft_tokens = torch.tensor(draft.tokens, dtype=torch.long)  # [K]
+        logits = self.target.forward([self.tokens[-1], *draft.tokens])  # [K+1, V]
+        verdict = verify(draft_tokens, draft.probs, logits, self.sampling, self.generator)
+        verified = time.perf_counter()
+
+        proposed = [*draft.tokens[: verdict.accepted], verdict.next_token]
+        emitted = self._emit(proposed)
+        if not self.done:
+            # Roll back: drop cache entries of rejected drafts in the target and the drafter.
+            self.target.truncate(len(self.tokens) - 1)
+            self.drafter.rollback(self.tokens)
+        record = StepRecord(
+            draft_tokens=list(draft.tokens),
+            accepted=verdict.accepted,
+            next_token=verdict.next_token,
+            bonus=verdict.bonus,
+            emitted=emitted,
+            draft_time=drafted - start,
+            verify_time=verified - drafted,
+        )
+        self.steps.append(record)
+        self.stats.add_step(record)
+        self.stats.wall_time = time.perf_counter() - self._started
+        if self.done:
+            self.stats.finish_reason = self.finish_reason
+        return record
+
+    def _emit(self, proposed: list[int]) -> list[int]:
+        """Append tokens one by one, stopping exactly at max_new_tokens, EOS or a stop string."""
+        emitted = []
+        for token in proposed:
+            self.tokens.append(token)
+            emitted.append(token)
+            if token in self.eos_ids:
+                self.finish_reason = "eos"
+            elif self.stop_check is not None and self.stop_check(self.new_tokens):
+                self.finish_reason = "stop"
+            elif len(self.new_tokens) >= self.max_new_tokens:
+                self.finish_reason = "length"
+            if self.done:
+                break
+        return emitted
+
+    def __iter__(self) -> Iterator[StepRecord]:
+        while not self.done:
+            yield self.step()
