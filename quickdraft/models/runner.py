@@ -72,7 +72,7 @@ class HFRunner:
         input_ids = torch.tensor([tokens], dtype=torch.long)  # [1, n]
         out = self.model(
             input_ids=input_ids,
-            past_key_values=self._cache,
+            cache=self._cache,
             use_cache=True,
             logits_to_keep=0 if all_logits else 1,
         )

@@ -1,0 +1,24 @@
+"""Chi-square goodness of fit, with cells of small expected count pooled (torch only)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def chi_square_p_value(observed: torch.Tensor, expected_probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    """P-value that `observed` counts were drawn from `expected_probs` (both flat [C])."""
+    observed = observed.double().flatten()
+    expected = expected_probs.double().flatten() * observed.sum()
+    impossible = expected == 0
+    if observed[impossible].sum() > 0:
+        return 0.0  # a sample the target can never produce
+    small = expected < min_expected
+    # Pool the rare cells into one, so each cell's count is roughly normal.
+    obs = torch.cat([observed[~small], observed[small & ~impossible].sum().reshape(1)])
+    exp = torch.cat([expected[~small], expected[small & ~impossible].sum().reshape(1)])
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    statistic = ((obs - exp) ** 2 / exp).sum()
+    dof = obs.numel() - 1
+    # Survival function of chi2(dof): the regularised upper incomplete gamma Q(dof/2, x/2).
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0), statistic / 2.0))
