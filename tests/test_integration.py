@@ -1,0 +1,130 @@
+"""The embedded default target (SmolLM2-135M-Instruct): real text, real tokenizer, real cache.
+
+The first run converts the GGUF file once (about 20 s); later runs load the cached weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+import quickdraft
+from quickdraft.cli import main
+from quickdraft.models import default_gguf_path
+from quickdraft.models.loading import LoadedModel, default_cache_dir
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "Summarize: The cat sat on the mat. The cat was happy on the mat because the mat was warm.",
+    "Translate German to English: Der Hund spielt im Garten mit dem Ball.",
+]
+
+
+@pytest.fixture(scope="module")
+def default():
+    return quickdraft.load(method="none")
+
+
+@pytest.fixture(scope="module")
+def early_layers_draft(default) -> LoadedModel:
+    """A real draft of the same vocabulary: the target's first 6 layers, norm and LM head."""
+    target = default.target.model
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = 6
+    draft = LlamaForCausalLM(config).eval()
+    draft.load_state_dict(target.state_dict(), strict=False)
+    return LoadedModel(draft, default.tokenizer, "first-6-layers")
+
+
+def test_default_loads_from_the_conversion_cache(default):
+    converted = list((default_cache_dir() / "converted").glob(default_gguf_path().stem + "-*"))
+    assert converted and (converted[0] / "model.safetensors").is_file()
+    assert default.target.name == "SmolLM2-135M-Instruct"
+    assert default.tokenizer.chat_template
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_plain_decoding_equals_transformers_generate(default, prompt):
+    out = default.generate(prompt, max_new_tokens=40)
+    ids = torch.tensor([out.prompt_token_ids])
+    reference = default.target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                              max_new_tokens=40, eos_token_id=sorted(default.eos_ids))
+    assert out.token_ids == reference[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_speculative_greedy_equals_plain_greedy(default, early_layers_draft, k):
+    methods = [
+        default.with_method("prompt-lookup", k),
+        quickdraft.Decoder(default.target, early_layers_draft, "draft", k),
+    ]
+    accepted = {decoder.method: 0 for decoder in methods}
+    for prompt in PROMPTS:
+        reference = default.generate(prompt, max_new_tokens=35).token_ids  # 35: ends mid-step
+        for decoder in methods:
+            out = decoder.generate(prompt, max_new_tokens=35)
+            assert out.token_ids == reference, (decoder.method, k, prompt)
+            accepted[decoder.method] += out.stats.accepted_tokens
+    assert all(count > 0 for count in accepted.values()), accepted
+
+
+def test_sampling_is_seeded_and_speculation_keeps_it_valid(default, early_layers_draft):
+    spec = quickdraft.Decoder(default.target, early_layers_draft, "draft", 4)
+    options = dict(max_new_tokens=24, temperature=0.7, top_p=0.9, seed=3)
+    a = spec.generate(PROMPTS[0], **options)
+    assert a.token_ids == spec.generate(PROMPTS[0], **options).token_ids
+    assert a.stats.new_tokens == 24 and a.text
+
+
+def test_stop_string_cuts_the_text(default):
+    full = default.generate(PROMPTS[0], max_new_tokens=40)
+    stop = "is_prime"
+    assert stop in full.text
+    out = default.with_method("prompt-lookup", 4).generate(PROMPTS[0], max_new_tokens=40, stop=stop)
+    assert out.finish_reason == "stop"
+    assert out.text == full.text[: full.text.index(stop)]
+    assert stop not in out.text
+    assert out.token_ids == full.token_ids[: len(out.token_ids)] and len(out.token_ids) < 40
+
+
+def test_chat_template_is_applied_by_default(default):
+    with_chat = default.encode("Hello")
+    without = default.encode("Hello", chat=False)
+    assert len(with_chat) > len(without)
+    assert "<|im_start|>assistant" in default.tokenizer.decode(with_chat)
+
+
+def test_mismatched_draft_vocabulary_is_refused(default, tiny_target):
+    with pytest.raises(quickdraft.QuickdraftError, match="vocabulary"):
+        quickdraft.load(None, tiny_target)
+
+
+def test_cli_json(capsys):
+    assert main(["generate", "What is 2+2?", "--json", "--max-new-tokens", "12", "--method", "prompt-lookup",
+                 "--k", "3"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) >= {"text", "token_ids", "prompt_token_ids", "stats"}
+    assert set(data["stats"]) >= {"acceptance_rate", "mean_accepted_tokens", "target_passes", "new_tokens",
+                                  "tokens_per_second"}
+    assert len(data["token_ids"]) == data["stats"]["new_tokens"] <= 12
+
+
+def test_cli_verbose_and_summary(capsys):
+    assert main(["generate", PROMPTS[1], "--verbose", "--max-new-tokens", "24", "--k", "4"]) == 0
+    captured = capsys.readouterr()
+    assert "Drafted: " in captured.out and "Accepted: " in captured.out
+    assert "tok/s" in captured.err and "prompt-lookup" in captured.err
+
+
+def test_cli_bad_input_is_one_line(capsys):
+    assert main(["generate", "hi", "--k", "0"]) == 2
+    assert main(["generate", "hi", "--target", "./no/such/model"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["quickdraft: error: k (draft tokens per step) must be >= 1, got 0",
+                   "quickdraft: error: model not found: no such file or folder ./no/such/model"]

@@ -1,0 +1,45 @@
+"""Loading: clear one-line errors for missing or unreadable models; local folders work."""
+
+import pytest
+
+import quickdraft
+from quickdraft import QuickdraftError
+from quickdraft.models.loading import load_model
+
+from conftest import tiny_llama
+
+
+def test_missing_path_is_a_one_line_error(tmp_path):
+    with pytest.raises(QuickdraftError, match="no such file or folder") as info:
+        load_model(str(tmp_path / "missing-model"))
+    assert "\n" not in str(info.value)
+
+
+def test_file_that_is_not_gguf_is_refused(tmp_path):
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"\x00" * 10)
+    with pytest.raises(QuickdraftError, match="not a .gguf"):
+        load_model(str(path))
+
+
+def test_unreadable_gguf_is_a_one_line_error(tmp_path):
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(b"GGUF but not really")
+    with pytest.raises(QuickdraftError, match="could not read GGUF file") as info:
+        load_model(str(path), cache_dir=tmp_path / "cache")
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "cache" / "converted").exists() or not any((tmp_path / "cache" / "converted").iterdir())
+
+
+def test_folder_without_model_is_refused(tmp_path):
+    with pytest.raises(QuickdraftError, match="no config.json"):
+        load_model(str(tmp_path))
+
+
+def test_local_folder_loads_and_generates_like_the_model(tmp_path, tiny_target):
+    tiny_target.save_pretrained(tmp_path / "tiny")
+    decoder = quickdraft.load(str(tmp_path / "tiny"), method="none")
+    direct = quickdraft.load(tiny_target, method="none")
+    prompt = [3, 4, 5]
+    assert decoder.generate(prompt, max_new_tokens=10).token_ids == direct.generate(prompt, max_new_tokens=10).token_ids
+    assert decoder.tokenizer is None  # no tokenizer files: token-id prompts only
