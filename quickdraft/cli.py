@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
     gen.add_argument("--max-ngram", type=int, default=3, help="prompt lookup: longest n-gram to match")
-    gen.add_argument("--min-ngram", type=int, default=1, help="prompt lookup: shortest n-gram to match")
+    gen.add_argument("--min-ngram", type=int, default=2, help="prompt lookup: shortest n-gram to match")
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                      help="apply the chat template (default: when the model has one)")
     gen.add_argument("--verbose", action="store_true", help="print each step's drafted and accepted text")

@@ -54,7 +54,7 @@ class Decoder:
         k: int | None = None,
         *,
         max_ngram: int = 3,
-        min_ngram: int = 1,
+        min_ngram: int = 2,
     ) -> None:
         self.target = target
         self.draft = draft
@@ -228,7 +228,7 @@ def load(
     cache_dir: str | os.PathLike | None = None,
     dtype: torch.dtype = torch.float32,
     max_ngram: int = 3,
-    min_ngram: int = 1,
+    min_ngram: int = 2,
 ) -> Decoder:
     """Load a target (None: the embedded default) and an optional draft model into a Decoder.
 

@@ -19,7 +19,7 @@ class DrafterOptions:
 
     draft_runner: Runner | None = None
     max_ngram: int = 3
-    min_ngram: int = 1
+    min_ngram: int = 2
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ class PromptLookupDrafter:
     Of several earlier occurrences the most recent wins: it reflects the text being written now.
     """
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise QuickdraftError(
                 f"prompt lookup needs 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}"

@@ -1,0 +1,61 @@
+"""What speculation should buy, in closed form (Leviathan et al. 2023, section 3).
+
+Model: each draft token is accepted independently with probability alpha (the acceptance
+rate); a step drafts K tokens at T_draft each and verifies them in one target pass costing
+T_target(K). Plain decoding costs T_target(1) per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def expected_tokens_per_pass(alpha: float, k: int) -> float:
+    """E = (1 - a^(K+1)) / (1 - a): accepted prefix plus the recovered or bonus token."""
+    _check(alpha, k)
+    if alpha >= 1.0:
+        return float(k + 1)  # the limit of the geometric sum at a = 1
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def time_per_token(alpha: float, k: int, t_draft: float, t_target: float) -> float:
+    """(K * T_draft + T_target(K)) / E: one step's cost spread over the tokens it yields."""
+    return (k * t_draft + t_target) / expected_tokens_per_pass(alpha, k)
+
+
+def predicted_speedup(alpha: float, k: int, cost_ratio: float, verify_ratio: float = 1.0) -> float:
+    """Plain time per token over speculative time per token, in units of a 1-token target pass.
+
+    cost_ratio c = T_draft / T_target(1); verify_ratio = T_target(K) / T_target(1).
+    """
+    return 1.0 / time_per_token(alpha, k, cost_ratio, verify_ratio)
+
+
+def best_k(alpha: float, cost_ratio: float, k_max: int = 16, verify_ratio=None) -> int:
+    """The K in 1..k_max with the highest predicted speedup (verify_ratio: K -> T_target(K)/T_target(1))."""
+    def speedup(k: int) -> float:
+        ratio = verify_ratio(k) if verify_ratio is not None else 1.0
+        return predicted_speedup(alpha, k, cost_ratio, ratio)
+
+    return max(range(1, k_max + 1), key=speedup)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    alpha: float
+    k: int
+    cost_ratio: float
+    expected_tokens: float
+    speedup: float
+
+
+def predict(alpha: float, k: int, cost_ratio: float, verify_ratio: float = 1.0) -> Prediction:
+    return Prediction(alpha, k, cost_ratio, expected_tokens_per_pass(alpha, k),
+                      predicted_speedup(alpha, k, cost_ratio, verify_ratio))
+
+
+def _check(alpha: float, k: int) -> None:
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
