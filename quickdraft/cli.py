@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from quickdraft.analysis import best_k, expected_tokens_per_pass, predicted_speedup, time_per_token
+from quickdraft.draft_length import DRAFT_LENGTHS
 from quickdraft.errors import QuickdraftError
 from quickdraft.methods import METHODS
 
@@ -29,16 +31,33 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
     gen.add_argument("--max-ngram", type=int, default=3, help="prompt lookup: longest n-gram to match")
     gen.add_argument("--min-ngram", type=int, default=2, help="prompt lookup: shortest n-gram to match")
+    gen.add_argument("--draft-length", choices=list(DRAFT_LENGTHS), default="fixed",
+                     help="fixed K; adaptive (grow after full accepts, shrink after rejections); "
+                          "cost (K that maximises expected tokens/s from measured times)")
+    gen.add_argument("--k-max", type=int, default=16, help="upper bound on K for adaptive and cost")
+    gen.add_argument("--confidence", type=float,
+                     help="draft model: stop drafting when its top probability falls below this")
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                      help="apply the chat template (default: when the model has one)")
     gen.add_argument("--verbose", action="store_true", help="print each step's drafted and accepted text")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
+
+    analyze = commands.add_parser("analyze", help="expected tokens per pass, predicted speedup, best K")
+    analyze.add_argument("--alpha", type=float, help="acceptance rate per draft token")
+    analyze.add_argument("--k", type=int, help="draft tokens per step")
+    analyze.add_argument("--cost-ratio", type=float, default=0.05,
+                         help="draft time per token / target time per pass (default 0.05)")
+    analyze.add_argument("--verify-ratio", type=float, default=1.0,
+                         help="target pass time with K drafts / with none (default 1)")
+    analyze.add_argument("--k-max", type=int, default=16)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "analyze":
+            return _analyze(args)
         return _generate(args)
     except QuickdraftError as error:
         print(f"quickdraft: error: {error}", file=sys.stderr)
@@ -60,7 +79,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     prompt = _read_prompt(args)
     decoder = quickdraft.load(args.target, args.draft, args.method, args.k,
-                              max_ngram=args.max_ngram, min_ngram=args.min_ngram)
+                              max_ngram=args.max_ngram, min_ngram=args.min_ngram,
+                              draft_length=args.draft_length, k_max=args.k_max, confidence=args.confidence)
     options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                    seed=args.seed, stop=args.stop, chat=args.chat)
     generation = decoder.start(prompt, args.max_new_tokens, **options)
@@ -82,6 +102,42 @@ def _generate(args: argparse.Namespace) -> int:
         print(out.text[len(printed):] if out.text.startswith(printed) else "\n" + out.text, end="")
     print()
     print(f"[{decoder.method}, k={decoder.k}] {out.stats.summary()}", file=sys.stderr)
+    if args.verbose and out.stats.drafted_tokens:
+        print(predicted_line(out.stats), file=sys.stderr)
+    return 0
+
+
+def predicted_line(stats) -> str:
+    """What the closed-form model predicts from this generation's measured alpha, K and times."""
+    passes = stats.target_passes
+    k = stats.drafted_tokens / passes
+    t_draft = stats.draft_time / stats.drafted_tokens
+    t_pass = stats.verify_time / passes
+    alpha = min(stats.acceptance_rate, 0.999)
+    k_int = max(1, round(k))
+    speedup = predicted_speedup(alpha, k_int, t_draft / t_pass)
+    best = best_k(alpha, t_draft / t_pass, 16)
+    return (f"predicted: {expected_tokens_per_pass(alpha, k_int):.2f} tokens per pass and {speedup:.2f}x over "
+            f"plain decoding at alpha={alpha:.2f}, K={k_int}, cost ratio {t_draft / t_pass:.3f} "
+            f"(verify cost taken as flat); best K for these: {best}")
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    if (args.alpha is None) != (args.k is None):
+        raise QuickdraftError("give both --alpha and --k, or neither for the default table")
+    cases = [(args.alpha, args.k)] if args.alpha is not None else [
+        (alpha, k) for alpha in (0.5, 0.7, 0.9) for k in (4, 8)]
+    for alpha, k in cases:
+        if not 0.0 <= alpha <= 1.0 or k < 1:
+            raise QuickdraftError("--alpha must be in [0, 1] and --k >= 1")
+    c, v = args.cost_ratio, args.verify_ratio
+    print(f"cost ratio c = {c} (draft token / target pass), verify ratio {v}; E = (1 - a^(K+1)) / (1 - a)")
+    print(f"{'alpha':>6} {'K':>3} {'E tokens/pass':>14} {'time/token':>11} {'speedup':>8} {'best K':>7}")
+    for alpha, k in cases:
+        e = expected_tokens_per_pass(alpha, k)
+        print(f"{alpha:>6.2f} {k:>3d} {e:>14.3f} {time_per_token(alpha, k, c, v):>11.3f} "
+              f"{predicted_speedup(alpha, k, c, v):>7.2f}x {best_k(alpha, c, args.k_max):>7d}")
+    print("time/token is in units of one plain target pass; speedup = 1 / time/token.")
     return 0
 
 

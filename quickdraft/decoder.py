@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from quickdraft.draft_length import make_draft_length
 from quickdraft.engine import Generation, StopCheck
 from quickdraft.errors import QuickdraftError
 from quickdraft.methods import DrafterOptions, default_method, get_method, make_runner
@@ -55,6 +56,9 @@ class Decoder:
         *,
         max_ngram: int = 3,
         min_ngram: int = 2,
+        draft_length: str = "fixed",
+        k_max: int = 16,
+        confidence: float | None = None,
     ) -> None:
         self.target = target
         self.draft = draft
@@ -67,9 +71,13 @@ class Decoder:
             self.k = 0
         if spec.needs_draft_model and draft is None:
             raise QuickdraftError(f'method "{self.method}" needs a draft model (pass draft=... or --draft)')
+        make_draft_length(draft_length, max(self.k, 1), k_max)  # fail early on a bad name
+        if confidence is not None and not 0.0 < confidence < 1.0:
+            raise QuickdraftError(f"confidence must be in (0, 1), got {confidence}")
+        self.draft_length, self.k_max = draft_length, k_max
         self._target_runner = make_runner(target.model)
         draft_runner = make_runner(draft.model) if spec.needs_draft_model else None
-        self._options = DrafterOptions(draft_runner, max_ngram, min_ngram)
+        self._options = DrafterOptions(draft_runner, max_ngram, min_ngram, confidence)
         self._drafter = spec.build(self._options)
         self.eos_ids = _eos_ids(target)
 
@@ -77,16 +85,15 @@ class Decoder:
     def tokenizer(self) -> PreTrainedTokenizerBase | None:
         return self.target.tokenizer
 
-    def with_method(self, method: str, k: int | None = None) -> Decoder:
-        """Another decoder over the same loaded models (no reload), e.g. a baseline."""
-        return Decoder(
-            self.target,
-            self.draft,
-            method,
-            k,
-            max_ngram=self._options.max_ngram,
-            min_ngram=self._options.min_ngram,
-        )
+    def with_method(self, method: str, k: int | None = None, **options) -> Decoder:
+        """Another decoder over the same loaded models (no reload), e.g. a baseline.
+
+        options: max_ngram, min_ngram, draft_length, k_max, confidence (default: this decoder's).
+        """
+        settings = dict(max_ngram=self._options.max_ngram, min_ngram=self._options.min_ngram,
+                        draft_length=self.draft_length, k_max=self.k_max,
+                        confidence=self._options.confidence) | options
+        return Decoder(self.target, self.draft, method, k, **settings)
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Prompt text or ids -> ids. Text gets the chat template when the model has one (chat=None)."""
@@ -138,7 +145,7 @@ class Decoder:
             self._target_runner,
             self._drafter,
             prompt_ids,
-            k=self.k,
+            draft_length=make_draft_length(self.draft_length if self.k else "fixed", self.k, self.k_max),
             max_new_tokens=max_new_tokens,
             sampling=sampling,
             generator=generator,
@@ -229,12 +236,17 @@ def load(
     dtype: torch.dtype = torch.float32,
     max_ngram: int = 3,
     min_ngram: int = 2,
+    draft_length: str = "fixed",
+    k_max: int = 16,
+    confidence: float | None = None,
 ) -> Decoder:
     """Load a target (None: the embedded default) and an optional draft model into a Decoder.
 
     target/draft: a Hugging Face hub id, a local folder, a .gguf file, or a loaded model.
     method: "none", "draft" or "prompt-lookup" (default: "draft" with a draft, else "prompt-lookup").
-    k: draft tokens per step (default per method).
+    k: draft tokens per step (default per method); with draft_length "adaptive" or "cost"
+    the starting K, varied per step up to k_max. confidence: a draft model stops drafting
+    when its top probability falls below it.
     """
     if method is not None and get_method(method).needs_draft_model and draft is None:
         # Fail on a bad method before loading anything.
@@ -246,4 +258,5 @@ def load(
     if draft is not None:
         draft_model = load_model(draft, draft_tokenizer, cache_dir, dtype)
         check_same_vocabulary(target_model, draft_model)
-    return Decoder(target_model, draft_model, method, k, max_ngram=max_ngram, min_ngram=min_ngram)
+    return Decoder(target_model, draft_model, method, k, max_ngram=max_ngram, min_ngram=min_ngram,
+                   draft_length=draft_length, k_max=k_max, confidence=confidence)

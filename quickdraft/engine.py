@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from quickdraft.draft_length import DraftLength
 from quickdraft.drafters.base import Drafter
 from quickdraft.models.runner import Runner
 from quickdraft.sampling import SamplingParams
@@ -30,7 +31,7 @@ class Generation:
         drafter: Drafter,
         prompt_ids: list[int],
         *,
-        k: int,
+        draft_length: DraftLength,
         max_new_tokens: int,
         sampling: SamplingParams,
         generator: torch.Generator,
@@ -39,7 +40,7 @@ class Generation:
     ) -> None:
         self.target = target
         self.drafter = drafter
-        self.k = k
+        self.draft_length = draft_length
         self.max_new_tokens = max_new_tokens
         self.sampling = sampling
         self.generator = generator
@@ -76,7 +77,7 @@ class Generation:
         remaining = self.max_new_tokens - len(self.new_tokens)
         room = self.target.max_length - len(self.tokens)  # cache slots left after the last token
         # Drafts past the end of the output can never be used; the target pass yields one more.
-        k = max(0, min(self.k, remaining - 1, room))
+        k = max(0, min(self.draft_length.next_k(), remaining - 1, room))
 
         start = time.perf_counter()
         draft = self.drafter.propose(self.tokens, k, self.sampling, self.generator)
@@ -93,6 +94,7 @@ class Generation:
             self.target.truncate(len(self.tokens) - 1)
             self.drafter.rollback(self.tokens)
         record = StepRecord(
+            k=k,
             draft_tokens=list(draft.tokens),
             accepted=verdict.accepted,
             next_token=verdict.next_token,
@@ -103,6 +105,7 @@ class Generation:
         )
         self.steps.append(record)
         self.stats.add_step(record)
+        self.draft_length.update(record)
         self.stats.wall_time = time.perf_counter() - self._started
         if self.done:
             self.stats.finish_reason = self.finish_reason

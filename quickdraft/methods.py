@@ -20,6 +20,7 @@ class DrafterOptions:
     draft_runner: Runner | None = None
     max_ngram: int = 3
     min_ngram: int = 2
+    confidence: float | None = None  # draft model: stop drafting below this top probability
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class Method:
 def _build_draft(options: DrafterOptions) -> Drafter:
     if options.draft_runner is None:
         raise QuickdraftError('method "draft" needs a draft model (pass draft=... or --draft)')
-    return DraftModelDrafter(options.draft_runner)
+    return DraftModelDrafter(options.draft_runner, options.confidence)
 
 
 METHODS: dict[str, Method] = {

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 class StepRecord:
     """One target pass."""
 
+    k: int  # draft tokens asked for this step (the drafter may propose fewer)
     draft_tokens: list[int]  # what the drafter proposed (K of them, possibly fewer)
     accepted: int  # how many leading draft tokens the target accepted
     next_token: int  # the recovered token, or the bonus token when all were accepted

@@ -17,8 +17,9 @@ class DraftModelDrafter:
     are fed at the start of the next proposal, so nothing is recomputed after a rollback.
     """
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Runner, confidence: float | None = None) -> None:
         self.runner = runner
+        self.confidence = confidence  # stop drafting once the draft's top probability falls below this
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.runner.reset()
@@ -37,12 +38,16 @@ class DraftModelDrafter:
             logits = self.runner.forward(pending, all_logits=False)[-1]  # [V]
             if sampling.greedy:
                 token = int(torch.argmax(logits).item())
+                top = torch.softmax(logits, dim=-1)[token] if self.confidence is not None else None
             else:
                 probs = logits_to_probs(logits, sampling)  # [V], processed exactly like p
                 token = sample(probs, generator)
                 draft_probs.append(probs)
+                top = probs.max()
             draft_tokens.append(token)
             pending = [token]
+            if self.confidence is not None and float(top) < self.confidence:
+                break  # the draft is unsure: later guesses would rarely survive verification
         probs = torch.stack(draft_probs) if draft_probs else None  # [K, V] or None
         return Draft(draft_tokens, probs)
 

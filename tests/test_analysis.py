@@ -1,0 +1,53 @@
+import random
+
+import pytest
+
+from quickdraft.analysis import best_k, expected_tokens_per_pass, predicted_speedup, time_per_token
+
+
+@pytest.mark.parametrize(
+    "alpha, k, expected",
+    [(0.5, 4, 1.9375), (0.8, 1, 1.8), (0.0, 8, 1.0), (1.0, 4, 5.0), (0.9, 8, (1 - 0.9**9) / 0.1)],
+)
+def test_expected_tokens_closed_form(alpha, k, expected):
+    assert expected_tokens_per_pass(alpha, k) == pytest.approx(expected)
+
+
+def test_expected_tokens_is_continuous_at_alpha_one():
+    assert expected_tokens_per_pass(0.999999, 6) == pytest.approx(7.0, rel=1e-4)
+
+
+@pytest.mark.parametrize("alpha, k", [(0.5, 4), (0.7, 8), (0.9, 4), (0.3, 2)])
+def test_expected_tokens_matches_monte_carlo(alpha, k):
+    rng = random.Random(0)
+    passes = 40000
+    total = 0
+    for _ in range(passes):
+        accepted = 0
+        while accepted < k and rng.random() < alpha:  # independent acceptances, stop at first rejection
+            accepted += 1
+        total += accepted + 1  # plus the recovered or bonus token
+    assert total / passes == pytest.approx(expected_tokens_per_pass(alpha, k), rel=0.02)
+
+
+def test_speedup_and_time_per_token():
+    # Free drafting and a flat verify cost: speedup is exactly E.
+    assert predicted_speedup(0.8, 4, 0.0) == pytest.approx(expected_tokens_per_pass(0.8, 4))
+    # Leviathan et al.'s improvement factor (1 - a^(k+1)) / ((1 - a)(kc + 1)).
+    assert predicted_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8**5) / (0.2 * 1.4))
+    assert time_per_token(0.5, 2, t_draft=1.0, t_target=10.0) == pytest.approx(12.0 / 1.75)
+
+
+def test_best_k_is_the_brute_force_argmax():
+    for alpha in (0.3, 0.6, 0.8, 0.95):
+        for c in (0.0, 0.05, 0.2):
+            ks = range(1, 17)
+            brute = max(ks, key=lambda k: predicted_speedup(alpha, k, c, 1 + 0.04 * k))
+            assert best_k(alpha, c, 16, lambda k: 1 + 0.04 * k) == brute
+    assert best_k(0.95, 0.01, 16) > best_k(0.5, 0.01, 16) > best_k(0.5, 0.3, 16) - 1
+    assert best_k(0.2, 0.3, 16) == 1
+
+
+def test_bad_alpha_is_refused():
+    with pytest.raises(ValueError):
+        expected_tokens_per_pass(1.5, 4)
