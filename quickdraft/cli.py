@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
     gen.add_argument("--max-ngram", type=int, default=3, help="prompt lookup: longest n-gram to match")
     gen.add_argument("--min-ngram", type=int, default=2, help="prompt lookup: shortest n-gram to match")
+    gen.add_argument("--layers", type=parse_layers,
+                     help="self-spec: L (first L layers), a comma list of layers to keep, or auto (calibrate)")
     gen.add_argument("--draft-length", choices=list(DRAFT_LENGTHS), default="fixed",
                      help="fixed K; adaptive (grow after full accepts, shrink after rejections); "
                           "cost (K that maximises expected tokens/s from measured times)")
@@ -51,6 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
                          help="target pass time with K drafts / with none (default 1)")
     analyze.add_argument("--k-max", type=int, default=16)
     return parser
+
+
+def parse_layers(text: str) -> int | list[int] | str:
+    """'8' -> 8 (first 8 layers); '0,1,2,5' -> [0, 1, 2, 5]; 'auto' -> calibrate."""
+    if text == "auto":
+        return text
+    try:
+        return [int(part) for part in text.split(",")] if "," in text else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected L, a comma list of layers, or auto; got {text!r}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +92,8 @@ def _generate(args: argparse.Namespace) -> int:
     prompt = _read_prompt(args)
     decoder = quickdraft.load(args.target, args.draft, args.method, args.k,
                               max_ngram=args.max_ngram, min_ngram=args.min_ngram,
-                              draft_length=args.draft_length, k_max=args.k_max, confidence=args.confidence)
+                              draft_length=args.draft_length, k_max=args.k_max, confidence=args.confidence,
+                              **({"layers": args.layers} if args.layers is not None else {}))
     options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                    seed=args.seed, stop=args.stop, chat=args.chat)
     generation = decoder.start(prompt, args.max_new_tokens, **options)
@@ -102,6 +115,9 @@ def _generate(args: argparse.Namespace) -> int:
         print(out.text[len(printed):] if out.text.startswith(printed) else "\n" + out.text, end="")
     print()
     print(f"[{decoder.method}, k={decoder.k}] {out.stats.summary()}", file=sys.stderr)
+    if decoder.calibration:
+        speeds = ", ".join(f"{depth} layers {speed:.1f} tok/s" for depth, speed in decoder.calibration.items())
+        print(f"self-spec calibration: {speeds}; chose {decoder.options.layers}", file=sys.stderr)
     if args.verbose and out.stats.drafted_tokens:
         print(predicted_line(out.stats), file=sys.stderr)
     return 0

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from quickdraft.calibrate import calibrate_self_spec
 from quickdraft.draft_length import make_draft_length
 from quickdraft.engine import Generation, StopCheck
 from quickdraft.errors import QuickdraftError
@@ -54,12 +55,11 @@ class Decoder:
         method: str | None = None,
         k: int | None = None,
         *,
-        max_ngram: int = 3,
-        min_ngram: int = 2,
         draft_length: str = "fixed",
         k_max: int = 16,
-        confidence: float | None = None,
+        **drafter_options,
     ) -> None:
+        """drafter_options: the fields of DrafterOptions (max_ngram, min_ngram, confidence, layers)."""
         self.target = target
         self.draft = draft
         self.method = method or default_method(draft is not None)
@@ -72,14 +72,12 @@ class Decoder:
         if spec.needs_draft_model and draft is None:
             raise QuickdraftError(f'method "{self.method}" needs a draft model (pass draft=... or --draft)')
         make_draft_length(draft_length, max(self.k, 1), k_max)  # fail early on a bad name
-        if confidence is not None and not 0.0 < confidence < 1.0:
-            raise QuickdraftError(f"confidence must be in (0, 1), got {confidence}")
         self.draft_length, self.k_max = draft_length, k_max
+        self.options = make_drafter_options(drafter_options)
         self._target_runner = make_runner(target.model)
-        draft_runner = make_runner(draft.model) if spec.needs_draft_model else None
-        self._options = DrafterOptions(draft_runner, max_ngram, min_ngram, confidence)
-        self._drafter = spec.build(self._options)
+        self._drafter = spec.build(target.model, draft.model if draft else None, self.options)
         self.eos_ids = _eos_ids(target)
+        self.calibration: dict[int, float] | None = None  # self-spec depth -> tok/s, when calibrated
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase | None:
@@ -88,11 +86,9 @@ class Decoder:
     def with_method(self, method: str, k: int | None = None, **options) -> Decoder:
         """Another decoder over the same loaded models (no reload), e.g. a baseline.
 
-        options: max_ngram, min_ngram, draft_length, k_max, confidence (default: this decoder's).
+        options: draft_length, k_max and DrafterOptions fields (default: this decoder's).
         """
-        settings = dict(max_ngram=self._options.max_ngram, min_ngram=self._options.min_ngram,
-                        draft_length=self.draft_length, k_max=self.k_max,
-                        confidence=self._options.confidence) | options
+        settings = dict(draft_length=self.draft_length, k_max=self.k_max) | asdict(self.options) | options
         return Decoder(self.target, self.draft, method, k, **settings)
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
@@ -203,6 +199,20 @@ class Decoder:
         return self.tokenizer
 
 
+def make_drafter_options(settings: dict) -> DrafterOptions:
+    """Validate the user's drafter settings."""
+    known = {f.name for f in fields(DrafterOptions)}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise QuickdraftError(f"unknown option {unknown[0]!r}; drafter options are: {', '.join(sorted(known))}")
+    confidence = settings.get("confidence")
+    if confidence is not None and not 0.0 < confidence < 1.0:
+        raise QuickdraftError(f"confidence must be in (0, 1), got {confidence}")
+    if isinstance(settings.get("layers"), list):
+        settings = settings | {"layers": tuple(settings["layers"])}
+    return DrafterOptions(**settings)
+
+
 def _as_list(stop: list[str] | str | None) -> list[str]:
     if stop is None:
         return []
@@ -234,19 +244,19 @@ def load(
     draft_tokenizer: PreTrainedTokenizerBase | None = None,
     cache_dir: str | os.PathLike | None = None,
     dtype: torch.dtype = torch.float32,
-    max_ngram: int = 3,
-    min_ngram: int = 2,
     draft_length: str = "fixed",
     k_max: int = 16,
-    confidence: float | None = None,
+    **drafter_options,
 ) -> Decoder:
     """Load a target (None: the embedded default) and an optional draft model into a Decoder.
 
     target/draft: a Hugging Face hub id, a local folder, a .gguf file, or a loaded model.
-    method: "none", "draft" or "prompt-lookup" (default: "draft" with a draft, else "prompt-lookup").
+    method: a name in METHODS (default: "draft" with a draft, else "prompt-lookup").
     k: draft tokens per step (default per method); with draft_length "adaptive" or "cost"
-    the starting K, varied per step up to k_max. confidence: a draft model stops drafting
-    when its top probability falls below it.
+    the starting K, varied per step up to k_max.
+    drafter_options: max_ngram and min_ngram (prompt lookup), confidence (draft models stop
+    drafting when their top probability falls below it), layers (self-spec: the first L
+    layers, a list of layers to keep, or "auto" to calibrate).
     """
     if method is not None and get_method(method).needs_draft_model and draft is None:
         # Fail on a bad method before loading anything.
@@ -258,5 +268,8 @@ def load(
     if draft is not None:
         draft_model = load_model(draft, draft_tokenizer, cache_dir, dtype)
         check_same_vocabulary(target_model, draft_model)
-    return Decoder(target_model, draft_model, method, k, max_ngram=max_ngram, min_ngram=min_ngram,
-                   draft_length=draft_length, k_max=k_max, confidence=confidence)
+    if drafter_options.get("layers") == "auto":
+        return calibrate_self_spec(Decoder(target_model, draft_model, "none"), method or "self-spec", k,
+                                   draft_length=draft_length, k_max=k_max, **drafter_options)
+    return Decoder(target_model, draft_model, method, k, draft_length=draft_length, k_max=k_max,
+                   **drafter_options)

@@ -8,41 +8,66 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from transformers import PreTrainedModel
+
 from quickdraft.drafters import DraftModelDrafter, Drafter, NoDrafter, PromptLookupDrafter
 from quickdraft.errors import QuickdraftError
+from quickdraft.models.layer_subset import decoder_layers, layer_subset_model, resolve_layers
 from quickdraft.models.runner import HFRunner, Runner
 
 
 @dataclass(frozen=True)
 class DrafterOptions:
-    """Everything a drafter builder may need."""
+    """The user's settings for every drafter; each builder reads the ones it needs."""
 
-    draft_runner: Runner | None = None
-    max_ngram: int = 3
-    min_ngram: int = 2
-    confidence: float | None = None  # draft model: stop drafting below this top probability
+    max_ngram: int = 3  # prompt lookup: longest n-gram matched
+    min_ngram: int = 2  # prompt lookup: shortest n-gram matched
+    confidence: float | None = None  # draft models: stop drafting below this top probability
+    layers: int | tuple[int, ...] | None = None  # self-spec: first L layers, or the layers kept
+
+
+Builder = Callable[[PreTrainedModel, PreTrainedModel | None, DrafterOptions], Drafter]
 
 
 @dataclass(frozen=True)
 class Method:
-    build: Callable[[DrafterOptions], Drafter]
+    build: Builder
     default_k: int
     needs_draft_model: bool = False
     speculative: bool = True
 
 
-def _build_draft(options: DrafterOptions) -> Drafter:
-    if options.draft_runner is None:
+def make_runner(model: PreTrainedModel) -> Runner:
+    """The runner for a loaded model."""
+    return HFRunner(model)
+
+
+def _build_draft(target: PreTrainedModel, draft: PreTrainedModel | None, options: DrafterOptions) -> Drafter:
+    if draft is None:
         raise QuickdraftError('method "draft" needs a draft model (pass draft=... or --draft)')
-    return DraftModelDrafter(options.draft_runner, options.confidence)
+    return DraftModelDrafter(make_runner(draft), options.confidence)
+
+
+def default_self_spec_layers(target: PreTrainedModel) -> int:
+    """A quarter of the layers (at least 1): the best tokens/s on the default target (BENCHMARKS.md)."""
+    return max(1, len(decoder_layers(target)) // 4)
+
+
+def _build_self_spec(target: PreTrainedModel, draft: PreTrainedModel | None, options: DrafterOptions) -> Drafter:
+    spec = options.layers if options.layers is not None else default_self_spec_layers(target)
+    layers = resolve_layers(target, spec if isinstance(spec, int) else list(spec))
+    view = layer_subset_model(target, layers)
+    # The view's cache uses the full model's layout: each kept layer writes its own slot.
+    return DraftModelDrafter(HFRunner(view, cache_config=target.config), options.confidence)
 
 
 METHODS: dict[str, Method] = {
-    "none": Method(lambda options: NoDrafter(), default_k=0, speculative=False),
+    "none": Method(lambda target, draft, options: NoDrafter(), default_k=0, speculative=False),
     "draft": Method(_build_draft, default_k=4, needs_draft_model=True),
     "prompt-lookup": Method(
-        lambda options: PromptLookupDrafter(options.max_ngram, options.min_ngram), default_k=8
+        lambda target, draft, options: PromptLookupDrafter(options.max_ngram, options.min_ngram), default_k=8
     ),
+    "self-spec": Method(_build_self_spec, default_k=4),
 }
 
 
@@ -56,7 +81,3 @@ def default_method(has_draft_model: bool) -> str:
     """The fastest method available (see BENCHMARKS.md): a draft model if given, else prompt lookup."""
     return "draft" if has_draft_model else "prompt-lookup"
 
-
-def make_runner(model) -> Runner:
-    """The runner for a loaded model."""
-    return HFRunner(model)

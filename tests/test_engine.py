@@ -16,7 +16,8 @@ PROMPTS = [[1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [30, 4, 17, 30, 4]]
 
 def make_decoder(target, draft, method: str, k: int | None = None) -> Decoder:
     draft_model = loaded(draft, "draft") if method == "draft" else None
-    return Decoder(loaded(target, "target"), draft_model, method, k)
+    options = {"layers": 1} if method == "self-spec" else {}  # the tiny models have 2 layers
+    return Decoder(loaded(target, "target"), draft_model, method, k, **options)
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
@@ -31,7 +32,7 @@ def test_plain_decoding_equals_transformers_greedy(tiny_target, prompt):
     assert out.stats.target_passes == 30 and out.stats.drafted_tokens == 0
 
 
-@pytest.mark.parametrize("method", ["draft", "prompt-lookup"])
+@pytest.mark.parametrize("method", ["draft", "prompt-lookup", "self-spec"])
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_greedy_speculation_equals_plain_greedy(tiny_target, tiny_draft, method, k):
     plain = make_decoder(tiny_target, None, "none")
@@ -158,6 +159,7 @@ DISTRIBUTION_CASES = [
     ("draft", 3, SamplingParams(temperature=0.7, top_p=0.8)),
     ("prompt-lookup", 3, SamplingParams(temperature=1.0)),
     ("prompt-lookup", 2, SamplingParams(temperature=1.0, top_k=3, top_p=0.9)),
+    ("self-spec", 3, SamplingParams(temperature=1.0, top_p=0.9)),
 ]
 
 

@@ -38,8 +38,10 @@ class Runner(Protocol):
 class HFRunner:
     """Runs a transformers causal LM with a DynamicCache, one sequence at a time."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, cache_config=None) -> None:
         self.model = model.eval()
+        # A layer-subset view writes the slots of the full model's cache layout.
+        self._cache_config = cache_config if cache_config is not None else model.config
         self._cache: DynamicCache | None = None
         self._length = 0
         config = model.config
@@ -60,7 +62,7 @@ class HFRunner:
         return self._length
 
     def reset(self) -> None:
-        self._cache = DynamicCache(config=self.model.config)
+        self._cache = DynamicCache(config=self._cache_config)
         self._length = 0
 
     @torch.inference_mode()

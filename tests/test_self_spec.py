@@ -1,0 +1,74 @@
+"""Self-speculative drafting: the target's own layers, shared, never copied."""
+
+import pytest
+import torch
+
+from quickdraft import Decoder, QuickdraftError
+from quickdraft.calibrate import calibrate_self_spec, candidate_depths
+from quickdraft.models.layer_subset import layer_subset_model, resolve_layers
+from quickdraft.models.runner import HFRunner
+
+from conftest import loaded, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def deep_target():
+    return tiny_llama(seed=11, layers=6)
+
+
+def test_view_shares_weights_and_matches_a_truncated_model(deep_target):
+    view = layer_subset_model(deep_target, [0, 1, 2])
+    target_storage = {p.data_ptr() for p in deep_target.parameters()}
+    assert all(p.data_ptr() in target_storage for p in view.parameters())
+    # Reference: run the first three layers by hand with the target's own modules.
+    tokens = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        states = deep_target(tokens, output_hidden_states=True).hidden_states[3]  # after layer 2
+        reference = deep_target.lm_head(deep_target.model.norm(states))[0]
+    runner = HFRunner(view, cache_config=deep_target.config)
+    runner.reset()
+    assert torch.allclose(runner.forward(tokens[0].tolist()), reference, atol=1e-5)
+
+
+def test_skipping_layers_keeps_cache_slots_and_rolls_back(deep_target):
+    view = layer_subset_model(deep_target, [0, 2, 5])
+    runner = HFRunner(view, cache_config=deep_target.config)
+    runner.reset()
+    runner.forward([1, 2, 3, 4])
+    runner.forward([9, 9])
+    runner.truncate(4)
+    after = runner.forward([5])
+    fresh = HFRunner(view, cache_config=deep_target.config)
+    fresh.reset()
+    assert torch.allclose(after, fresh.forward([1, 2, 3, 4, 5])[-1:], atol=1e-5)
+
+
+@pytest.mark.parametrize("layers", [2, [0, 3], [0, 1, 4, 5]])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_self_spec_greedy_equals_plain(deep_target, layers, k):
+    plain = Decoder(loaded(deep_target, "t"), None, "none")
+    spec = Decoder(loaded(deep_target, "t"), None, "self-spec", k, layers=layers)
+    for prompt in ([1, 2, 3], [7, 7, 8, 9, 7, 7]):
+        assert spec.generate(prompt, max_new_tokens=29).token_ids == plain.generate(prompt, max_new_tokens=29).token_ids
+
+
+@pytest.mark.parametrize("layers, message", [(0, "within"), (6, "skip at least one"), ([1, 2], "layer 0"),
+                                             ([0, 9], "within")])
+def test_bad_layer_choices_are_refused(deep_target, layers, message):
+    with pytest.raises(QuickdraftError, match=message):
+        resolve_layers(deep_target, layers)
+    with pytest.raises(QuickdraftError, match=message):
+        Decoder(loaded(deep_target, "t"), None, "self-spec", 3, layers=layers)
+
+
+def test_calibration_tries_each_depth_and_keeps_the_fastest(deep_target):
+    base = Decoder(loaded(deep_target, "t"), None, "none")
+    chosen = calibrate_self_spec(base, "self-spec", 3, tokens=12)
+    assert set(chosen.calibration) == set(candidate_depths(6)) == {1, 2, 3}
+    assert chosen.options.layers == max(chosen.calibration, key=chosen.calibration.get)
+    assert chosen.method == "self-spec" and chosen.k == 3
+
+
+def test_default_depth_is_a_quarter(deep_target):
+    spec = Decoder(loaded(deep_target, "t"), None, "self-spec")
+    assert spec._drafter.runner.model.config.num_hidden_layers == 1
