@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--min-ngram", type=int, default=2, help="prompt lookup: shortest n-gram to match")
     gen.add_argument("--layers", type=parse_layers,
                      help="self-spec: L (first L layers), a comma list of layers to keep, or auto (calibrate)")
+    gen.add_argument("--window", type=int, default=4, help="lookahead: Jacobi window width W")
+    gen.add_argument("--ngram", type=int, default=3, help="lookahead: n-gram size N")
+    gen.add_argument("--candidates", type=int, default=4, help="lookahead: n-grams verified per pass G")
     gen.add_argument("--draft-length", choices=list(DRAFT_LENGTHS), default="fixed",
                      help="fixed K; adaptive (grow after full accepts, shrink after rejections); "
                           "cost (K that maximises expected tokens/s from measured times)")
@@ -93,6 +96,7 @@ def _generate(args: argparse.Namespace) -> int:
     decoder = quickdraft.load(args.target, args.draft, args.method, args.k,
                               max_ngram=args.max_ngram, min_ngram=args.min_ngram,
                               draft_length=args.draft_length, k_max=args.k_max, confidence=args.confidence,
+                              window=args.window, ngram=args.ngram, candidates=args.candidates,
                               **({"layers": args.layers} if args.layers is not None else {}))
     options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                    seed=args.seed, stop=args.stop, chat=args.chat)

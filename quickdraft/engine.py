@@ -13,11 +13,12 @@ from collections.abc import Callable, Iterator
 import torch
 
 from quickdraft.draft_length import DraftLength
-from quickdraft.drafters.base import Drafter
+from quickdraft.drafters.base import Draft, Drafter
 from quickdraft.models.runner import Runner
 from quickdraft.sampling import SamplingParams
 from quickdraft.stats import Stats, StepRecord
-from quickdraft.verify import verify
+from quickdraft.tree import chain_parents, pass_layout
+from quickdraft.verify import Verdict, verify, verify_tree
 
 StopCheck = Callable[[list[int]], bool]  # new token ids -> True when a stop string appeared
 
@@ -82,21 +83,21 @@ class Generation:
         start = time.perf_counter()
         draft = self.drafter.propose(self.tokens, k, self.sampling, self.generator)
         drafted = time.perf_counter()
-        draft_tokens = torch.tensor(draft.tokens, dtype=torch.long)  # [K]
-        logits = self.target.forward([self.tokens[-1], *draft.tokens])  # [K+1, V]
-        verdict = verify(draft_tokens, draft.probs, logits, self.sampling, self.generator)
+        verdict = self._verify(draft)
         verified = time.perf_counter()
 
-        proposed = [*draft.tokens[: verdict.accepted], verdict.next_token]
+        proposed = [*(draft.tokens[i] for i in verdict.path), verdict.next_token]
         emitted = self._emit(proposed)
         if not self.done:
-            # Roll back: drop cache entries of rejected drafts in the target and the drafter.
-            self.target.truncate(len(self.tokens) - 1)
+            # Roll back: the target keeps the prefix, the root and the accepted path; the drafter
+            # drops whatever it holds past the accepted tokens.
+            root = self.target.length - len(draft.tokens) - len(draft.aux_tokens) - 1
+            self.target.keep([*range(root + 1), *(root + 1 + i for i in verdict.path)])
             self.drafter.rollback(self.tokens)
         record = StepRecord(
             k=k,
             draft_tokens=list(draft.tokens),
-            accepted=verdict.accepted,
+            accepted=len(verdict.path),
             next_token=verdict.next_token,
             bonus=verdict.bonus,
             emitted=emitted,
@@ -110,6 +111,23 @@ class Generation:
         if self.done:
             self.stats.finish_reason = self.finish_reason
         return record
+
+    def _verify(self, draft: Draft) -> Verdict:
+        """One target pass over the newest token plus the draft (chain, or tree + aux tokens)."""
+        inputs = [self.tokens[-1], *draft.tokens, *draft.aux_tokens]
+        if draft.is_chain:
+            logits = self.target.forward(inputs)  # [K+1, V]
+            draft_tokens = torch.tensor(draft.tokens, dtype=torch.long)  # [K]
+            return verify(draft_tokens, draft.probs, logits, self.sampling, self.generator)
+        parents = draft.parents if draft.parents is not None else chain_parents(len(draft.tokens))
+        mask, offsets = pass_layout(parents, draft.aux_offsets, draft.aux_mask)  # [n, n], [n]
+        root = len(self.tokens) - 1  # the newest token's position
+        cached = torch.ones(len(inputs), self.target.length, dtype=torch.bool)  # the prefix
+        logits = self.target.forward(inputs, positions=[root + o for o in offsets],
+                                     mask=torch.cat([cached, mask], dim=1))  # [n, V]
+        if draft.aux_tokens:
+            self.drafter.observe(logits[len(draft.tokens) + 1 :])
+        return verify_tree(draft.tokens, parents, logits[: len(draft.tokens) + 1], self.sampling, self.generator)
 
     def _emit(self, proposed: list[int]) -> list[int]:
         """Append tokens one by one, stopping exactly at max_new_tokens, EOS or a stop string."""

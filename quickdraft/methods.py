@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedModel
 
-from quickdraft.drafters import DraftModelDrafter, Drafter, NoDrafter, PromptLookupDrafter
+from quickdraft.drafters import DraftModelDrafter, Drafter, LookaheadDrafter, NoDrafter, PromptLookupDrafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.layer_subset import decoder_layers, layer_subset_model, resolve_layers
 from quickdraft.models.runner import HFRunner, Runner
@@ -24,6 +24,9 @@ class DrafterOptions:
     min_ngram: int = 2  # prompt lookup: shortest n-gram matched
     confidence: float | None = None  # draft models: stop drafting below this top probability
     layers: int | tuple[int, ...] | None = None  # self-spec: first L layers, or the layers kept
+    window: int = 4  # lookahead: Jacobi window width W
+    ngram: int = 3  # lookahead: n-gram size N
+    candidates: int = 4  # lookahead: n-grams verified per pass G
 
 
 Builder = Callable[[PreTrainedModel, PreTrainedModel | None, DrafterOptions], Drafter]
@@ -68,6 +71,10 @@ METHODS: dict[str, Method] = {
         lambda target, draft, options: PromptLookupDrafter(options.max_ngram, options.min_ngram), default_k=8
     ),
     "self-spec": Method(_build_self_spec, default_k=4),
+    "lookahead": Method(
+        lambda target, draft, options: LookaheadDrafter(options.window, options.ngram, options.candidates),
+        default_k=2,  # caps each verified n-gram's length; N - 1 is the most it can use
+    ),
 }
 
 

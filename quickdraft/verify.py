@@ -15,15 +15,17 @@ from dataclasses import dataclass
 import torch
 
 from quickdraft.sampling import SamplingParams, logits_to_probs, sample
+from quickdraft.tree import children
 
 
 @dataclass(frozen=True)
 class Verdict:
     """The outcome of one target pass."""
 
-    accepted: int  # number of leading draft tokens kept
+    accepted: int  # number of draft tokens kept
     next_token: int  # recovered token (after a rejection) or bonus token (all accepted)
-    bonus: bool  # True when all K drafts were accepted and next_token came from p[K]
+    bonus: bool  # True when the accepted path ended at a leaf and next_token came from its p
+    path: tuple[int, ...] = ()  # indices of the accepted draft nodes, root to leaf
 
 
 def verify(
@@ -49,7 +51,8 @@ def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ve
     k = draft_tokens.shape[0]
     target_choice = torch.argmax(target_logits, dim=-1)  # [K+1]
     accepted = leading_true(draft_tokens == target_choice[:k])
-    return Verdict(accepted, int(target_choice[accepted].item()), bonus=accepted == k)
+    return Verdict(accepted, int(target_choice[accepted].item()), bonus=accepted == k,
+                   path=tuple(range(accepted)))
 
 
 def verify_stochastic(
@@ -77,9 +80,9 @@ def verify_stochastic(
     accepted = leading_true(uniforms < ratio)
     if accepted == k:
         # Every draft passed: one more token for free from the target's next distribution.
-        return Verdict(k, sample(target_probs[k], generator), bonus=True)
+        return Verdict(k, sample(target_probs[k], generator), bonus=True, path=tuple(range(k)))
     residual = residual_distribution(target_probs[accepted], draft_probs[accepted])
-    return Verdict(accepted, sample(residual, generator), bonus=False)
+    return Verdict(accepted, sample(residual, generator), bonus=False, path=tuple(range(accepted)))
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -104,3 +107,47 @@ def leading_true(mask: torch.Tensor) -> int:
     """Length of the run of True at the start of a [K] bool tensor."""
     misses = (~mask).nonzero()
     return int(misses[0].item()) if misses.numel() else int(mask.shape[0])
+
+
+def verify_tree(
+    draft_tokens: list[int],
+    parents: list[int],
+    target_logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator,
+) -> Verdict:
+    """Verify a tree of deterministic drafts (q one-hot at every node).
+
+    target_logits [M+1, V]: row 0 at the root, row i + 1 after node i. Greedy: follow the
+    child that equals the target's argmax. Sampling: recursive rejection sampling over the
+    siblings (SpecInfer, Miao et al. 2024): try each child x with probability p(x); after a
+    rejection p <- norm(max(0, p - onehot(x))), so a sibling repeating a rejected token can
+    never pass, and the recovered token comes from what is left. Lossless for any tree.
+    """
+    kids = children(parents)
+    node, path = -1, []  # -1 is the root
+    while True:
+        row = target_logits[node + 1]  # [V]
+        if params.greedy:
+            choice = int(torch.argmax(row).item())
+            nxt = next((c for c in kids[node + 1] if draft_tokens[c] == choice), None)
+            if nxt is None:
+                return Verdict(len(path), choice, bonus=not kids[node + 1], path=tuple(path))
+        else:
+            p = logits_to_probs(row, params)  # [V]
+            nxt = None
+            for child in kids[node + 1]:
+                x = draft_tokens[child]
+                if torch.rand((), generator=generator) < p[x]:
+                    nxt = child
+                    break
+                p = p.clone()
+                p[x] = 0.0  # max(0, p - onehot(x)), renormalised below
+                total = p.sum()
+                if total <= 0:  # cannot happen for a real distribution; guard against rounding
+                    break
+                p = p / total
+            if nxt is None:
+                return Verdict(len(path), sample(p, generator), bonus=not kids[node + 1], path=tuple(path))
+        path.append(nxt)
+        node = nxt

@@ -32,7 +32,7 @@ def test_plain_decoding_equals_transformers_greedy(tiny_target, prompt):
     assert out.stats.target_passes == 30 and out.stats.drafted_tokens == 0
 
 
-@pytest.mark.parametrize("method", ["draft", "prompt-lookup", "self-spec"])
+@pytest.mark.parametrize("method", ["draft", "prompt-lookup", "self-spec", "lookahead"])
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_greedy_speculation_equals_plain_greedy(tiny_target, tiny_draft, method, k):
     plain = make_decoder(tiny_target, None, "none")
@@ -160,6 +160,8 @@ DISTRIBUTION_CASES = [
     ("prompt-lookup", 3, SamplingParams(temperature=1.0)),
     ("prompt-lookup", 2, SamplingParams(temperature=1.0, top_k=3, top_p=0.9)),
     ("self-spec", 3, SamplingParams(temperature=1.0, top_p=0.9)),
+    ("lookahead", 2, SamplingParams(temperature=1.0)),
+    ("lookahead", 2, SamplingParams(temperature=0.8, top_k=5)),
 ]
 
 

@@ -99,3 +99,52 @@ def test_sampling_filters_apply_to_p_and_q_alike():
     for seed in range(50):
         verdict = verify(torch.tensor([2]), draft_probs, target_logits, params, torch.Generator().manual_seed(seed))
         assert verdict.accepted == 0 and verdict.next_token == 1
+
+
+# --- trees of deterministic drafts ------------------------------------------------------------
+
+from quickdraft.verify import verify_tree  # noqa: E402
+
+
+def one_hot_rows(choices, vocab=10):
+    return torch.nn.functional.one_hot(torch.tensor(choices), vocab).float()
+
+
+def test_tree_greedy_follows_the_matching_branch():
+    # root -> 5 -> 6, root -> 7 -> 8; target argmax: root 7, after 5: 6, after 6: 1, after 7: 8, after 8: 3
+    tokens, parents = [5, 6, 7, 8], [-1, 0, -1, 2]
+    logits = one_hot_rows([7, 6, 1, 8, 3])
+    verdict = verify_tree(tokens, parents, logits, SamplingParams(), torch.Generator())
+    assert verdict.path == (2, 3) and verdict.next_token == 3 and verdict.bonus
+
+
+def test_tree_greedy_recovers_when_no_child_matches():
+    verdict = verify_tree([5, 7], [-1, -1], one_hot_rows([4, 0, 0]), SamplingParams(), torch.Generator())
+    assert verdict.path == () and verdict.next_token == 4 and not verdict.bonus
+
+
+def test_tree_sampling_first_token_follows_p_with_many_siblings():
+    # Siblings 0, 1 and a repeated 1: the first output token must still follow p exactly.
+    p = torch.tensor([0.5, 0.3, 0.2])
+    logits = torch.cat([p.log()[None], torch.zeros(3, 3)])
+    params = SamplingParams(temperature=1.0)
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.zeros(3)
+    for _ in range(6000):
+        verdict = verify_tree([0, 1, 1], [-1, -1, -1], logits, params, generator)
+        first = [0, 1, 1][verdict.path[0]] if verdict.path else verdict.next_token
+        counts[first] += 1
+    assert chi_square_p_value(counts, p) > 1e-3
+    # Without the residual update (sampling the recovered token from p), token 2 would be rare.
+    assert counts[2] > 1000
+
+
+def test_tree_chain_accepts_like_the_chain_sampler():
+    p = torch.tensor([[0.25, 0.75], [0.5, 0.5], [0.9, 0.1]])
+    params = SamplingParams(temperature=1.0)
+    tree = sum(len(verify_tree([1, 0], [-1, 0], p.log(), params, torch.Generator().manual_seed(s)).path)
+               for s in range(4000))
+    chain = sum(verify(torch.tensor([1, 0]), None, p.log(), params, torch.Generator().manual_seed(s)).accepted
+                for s in range(4000))
+    expected = 0.75 + 0.75 * 0.5  # E[accepted] = p1 + p1 * p2
+    assert abs(tree / 4000 - expected) < 0.04 and abs(chain / 4000 - expected) < 0.04

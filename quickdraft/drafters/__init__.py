@@ -2,12 +2,14 @@
 
 from quickdraft.drafters.base import Draft, Drafter, NoDrafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.lookahead import LookaheadDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter, lookup_continuation
 
 __all__ = [
     "Draft",
     "DraftModelDrafter",
     "Drafter",
+    "LookaheadDrafter",
     "NoDrafter",
     "PromptLookupDrafter",
     "lookup_continuation",

@@ -54,3 +54,6 @@ class DraftModelDrafter:
     def rollback(self, tokens: list[int]) -> None:
         # Entries past len(tokens) - 1 belong to rejected drafts (or to the newest token).
         self.runner.truncate(min(self.runner.length, len(tokens) - 1))
+
+    def observe(self, aux_logits: torch.Tensor) -> None:
+        pass

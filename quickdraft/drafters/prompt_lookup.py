@@ -40,6 +40,9 @@ class PromptLookupDrafter:
     def rollback(self, tokens: list[int]) -> None:
         pass
 
+    def observe(self, aux_logits: torch.Tensor) -> None:
+        pass
+
 
 def lookup_continuation(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
     """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix."""

@@ -26,12 +26,26 @@ class Runner(Protocol):
 
     def reset(self) -> None: ...
 
-    def forward(self, tokens: list[int], all_logits: bool = True) -> torch.Tensor:
-        """Append tokens to the cache; logits [n, V] for each (or [1, V] for the last only)."""
+    def forward(
+        self,
+        tokens: list[int],
+        all_logits: bool = True,
+        positions: list[int] | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Append tokens to the cache; logits [n, V] for each (or [1, V] for the last only).
+
+        positions: each token's position (default: consecutive after the cache).
+        mask: [n, length + n] bool, True where a token may attend (default: causal).
+        """
         ...
 
     def truncate(self, length: int) -> None:
         """Keep only the first `length` cache entries."""
+        ...
+
+    def keep(self, indices: list[int]) -> None:
+        """Keep only the cache entries at these ascending indices (an accepted tree path)."""
         ...
 
 
@@ -66,17 +80,30 @@ class HFRunner:
         self._length = 0
 
     @torch.inference_mode()
-    def forward(self, tokens: list[int], all_logits: bool = True) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: list[int],
+        all_logits: bool = True,
+        positions: list[int] | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if self._cache is None:
             self.reset()
         if self._length + len(tokens) > self._max_length:
             raise ValueError(f"cache would exceed the context length {self._max_length}")
         input_ids = torch.tensor([tokens], dtype=torch.long)  # [1, n]
+        extra = {}
+        if positions is not None:
+            extra["position_ids"] = torch.tensor([positions], dtype=torch.long)  # [1, n]
+        if mask is not None:
+            # A 4D mask is used as given by transformers: [batch, heads, n, length + n], True = attend.
+            extra["attention_mask"] = mask[None, None]
         out = self.model(
             input_ids=input_ids,
             cache=self._cache,
             use_cache=True,
             logits_to_keep=0 if all_logits else 1,
+            **extra,
         )
         self._length += len(tokens)
         return out.logits[0].float()  # [n, V] or [1, V]
@@ -85,3 +112,14 @@ class HFRunner:
         if length < self._length:
             self._cache.crop(length - self._length)  # a negative count removes entries
             self._length = length
+
+    def keep(self, indices: list[int]) -> None:
+        if indices == list(range(len(indices))):
+            self.truncate(len(indices))  # a prefix: the cheap common case
+            return
+        index = torch.tensor(indices, dtype=torch.long)
+        for layer in self._cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys = layer.keys.index_select(-2, index)  # [batch, heads, kept, head_dim]
+                layer.values = layer.values.index_select(-2, index)
+        self._length = len(indices)
