@@ -122,7 +122,7 @@ def _generate(args: argparse.Namespace) -> int:
     if decoder.calibration:
         speeds = ", ".join(f"{depth} layers {speed:.1f} tok/s" for depth, speed in decoder.calibration.items())
         print(f"self-spec calibration: {speeds}; chose {decoder.options.layers}", file=sys.stderr)
-    if args.verbose and out.stats.drafted_tokens:
+    if args.verbose and out.stats.drafted_tokens and not METHODS[decoder.method].drafts_trees:
         print(predicted_line(out.stats), file=sys.stderr)
     return 0
 
@@ -137,9 +137,10 @@ def predicted_line(stats) -> str:
     k_int = max(1, round(k))
     speedup = predicted_speedup(alpha, k_int, t_draft / t_pass)
     best = best_k(alpha, t_draft / t_pass, 16)
-    return (f"predicted: {expected_tokens_per_pass(alpha, k_int):.2f} tokens per pass and {speedup:.2f}x over "
-            f"plain decoding at alpha={alpha:.2f}, K={k_int}, cost ratio {t_draft / t_pass:.3f} "
-            f"(verify cost taken as flat); best K for these: {best}")
+    return (f"predicted: {expected_tokens_per_pass(alpha, k_int):.2f} tokens per pass (measured "
+            f"{stats.mean_accepted_tokens:.2f}) and {speedup:.2f}x over plain decoding at alpha={alpha:.2f}, "
+            f"K={k_int}, cost ratio {t_draft / t_pass:.3f} (verify cost taken as flat; "
+            f"benchmarks/methods_bench.py measures the speedup); best K for these: {best}")
 
 
 def _analyze(args: argparse.Namespace) -> int:

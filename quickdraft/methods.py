@@ -38,6 +38,7 @@ class Method:
     default_k: int
     needs_draft_model: bool = False
     speculative: bool = True
+    drafts_trees: bool = False  # verifies token trees: acceptance is not the chain's alpha
 
 
 def make_runner(model: PreTrainedModel) -> Runner:
@@ -74,6 +75,7 @@ METHODS: dict[str, Method] = {
     "lookahead": Method(
         lambda target, draft, options: LookaheadDrafter(options.window, options.ngram, options.candidates),
         default_k=2,  # caps each verified n-gram's length; N - 1 is the most it can use
+        drafts_trees=True,
     ),
 }
 
