@@ -27,6 +27,7 @@ from tqdm import tqdm
 import quickdraft
 from quickdraft.analysis import expected_tokens_per_pass
 from quickdraft.methods import get_method
+from quickdraft.plots import plot_acceptance_by_position, plot_tokens_per_second
 
 SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 GROUPS = ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"]
@@ -98,6 +99,25 @@ def summarise(name: str, rows: list[dict]) -> dict:
     return summary
 
 
+def write_plots(output: Path, names: list[str], rows: list[dict], by_group: dict) -> None:
+    """Acceptance by draft position (chain methods) and tokens/s by task group, as PNG files."""
+    rates = {}
+    for name in names:
+        runs = [row["runs"][name] for row in rows]
+        if not runs[0].get("chain") or not any(r.get("drafted") for r in runs):
+            continue
+        depth = max(len(r["drafted_by_position"]) for r in runs)
+        drafted = [sum(r["drafted_by_position"][i] for r in runs if i < len(r["drafted_by_position"]))
+                   for i in range(depth)]
+        accepted = [sum(r["accepted_by_position"][i] for r in runs if i < len(r["accepted_by_position"]))
+                    for i in range(depth)]
+        rates[name] = [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
+    if rates:
+        plot_acceptance_by_position(output / "acceptance_by_position.png", rates)
+    table = {name: {g: by_group[g][name]["tokens_per_second"] for g in by_group} for name in names}
+    plot_tokens_per_second(output / "tokens_per_second.png", table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-group", type=int, default=5, help="prompts from each Spec-Bench task group")
@@ -134,7 +154,9 @@ def main() -> None:
             row["runs"][name] = {"tokens": out.token_ids, "seconds": s.wall_time, "passes": s.target_passes,
                                  "drafted": s.drafted_tokens, "accepted": s.accepted_tokens,
                                  "draft_time": s.draft_time, "verify_time": s.verify_time, "chain": chain[name],
-                                 "ks": [step.k for step in out.steps]}
+                                 "ks": [step.k for step in out.steps],
+                                 "accepted_by_position": s.accepted_by_position,
+                                 "drafted_by_position": s.drafted_by_position}
         rows.append(row)
 
     names = list(rows[0]["runs"])
@@ -164,6 +186,7 @@ def main() -> None:
     report = "\n".join(lines)
     print(report)
     args.output.mkdir(parents=True, exist_ok=True)
+    write_plots(args.output, names, rows, by_group)
     (args.output / "report.md").write_text(report + "\n")
     (args.output / "raw.json").write_text(json.dumps({"overall": overall, "by_group": by_group, "rows": rows},
                                                      indent=1))

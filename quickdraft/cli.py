@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--verify-ratio", type=float, default=1.0,
                          help="target pass time with K drafts / with none (default 1)")
     analyze.add_argument("--k-max", type=int, default=16)
+    analyze.add_argument("--plot", help="also write a PNG of predicted speedup vs K to this path")
     return parser
 
 
@@ -159,6 +160,11 @@ def _analyze(args: argparse.Namespace) -> int:
         print(f"{alpha:>6.2f} {k:>3d} {e:>14.3f} {time_per_token(alpha, k, c, v):>11.3f} "
               f"{predicted_speedup(alpha, k, c, v):>7.2f}x {best_k(alpha, c, args.k_max):>7d}")
     print("time/token is in units of one plain target pass; speedup = 1 / time/token.")
+    if args.plot:
+        from quickdraft.plots import plot_speedup_vs_k
+
+        alphas = sorted({alpha for alpha, _ in cases} | {0.5, 0.7, 0.9})
+        print(f"wrote {plot_speedup_vs_k(args.plot, alphas, c, v, args.k_max)}")
     return 0
 
 

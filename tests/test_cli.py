@@ -22,3 +22,10 @@ def test_analyze_bad_input_is_one_line(capsys):
     assert main(["analyze", "--alpha", "0.8"]) == 2
     assert main(["analyze", "--alpha", "1.8", "--k", "3"]) == 2
     assert capsys.readouterr().err.count("quickdraft: error:") == 2
+
+
+def test_analyze_writes_a_speedup_plot(tmp_path, capsys):
+    path = tmp_path / "speedup.png"
+    assert main(["analyze", "--plot", str(path)]) == 0
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {path}" in capsys.readouterr().out

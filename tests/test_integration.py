@@ -128,3 +128,13 @@ def test_cli_bad_input_is_one_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["quickdraft: error: k (draft tokens per step) must be >= 1, got 0",
                    "quickdraft: error: model not found: no such file or folder ./no/such/model"]
+
+
+@pytest.mark.parametrize("method, options", [("self-spec", {"layers": [0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 28, 29]}),
+                                             ("lookahead", {}),
+                                             ("prompt-lookup", {"draft_length": "cost"})])
+def test_more_drafters_greedy_equal_plain_on_the_default(default, method, options):
+    decoder = default.with_method(method, 3, **options)
+    for prompt in PROMPTS:
+        reference = default.generate(prompt, max_new_tokens=30).token_ids
+        assert decoder.generate(prompt, max_new_tokens=30).token_ids == reference, (method, prompt)

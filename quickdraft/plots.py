@@ -1,0 +1,63 @@
+"""Pictures that say more than tables: speedup vs K, acceptance by draft position, tok/s by method."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+from quickdraft.analysis import predicted_speedup  # noqa: E402
+
+
+def plot_speedup_vs_k(path: Path, alphas: list[float], cost_ratio: float, verify_ratio: float = 1.0,
+                      k_max: int = 16) -> Path:
+    """Predicted speedup against K, one curve per acceptance rate, best K marked."""
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    ks = list(range(1, k_max + 1))
+    for alpha in alphas:
+        speedups = [predicted_speedup(alpha, k, cost_ratio, verify_ratio) for k in ks]
+        best = max(range(len(ks)), key=speedups.__getitem__)
+        line = axes.plot(ks, speedups, marker="o", markersize=3, label=f"alpha = {alpha:.2f}")[0]
+        axes.plot([ks[best]], [speedups[best]], marker="*", markersize=12, color=line.get_color())
+    axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    axes.set(xlabel="draft tokens per step K", ylabel="predicted speedup over plain decoding",
+             title=f"Speedup vs K (cost ratio c = {cost_ratio}, verify ratio {verify_ratio}); * = best K")
+    axes.legend()
+    return _save(figure, path)
+
+
+def plot_acceptance_by_position(path: Path, rates: dict[str, list[float]]) -> Path:
+    """Fraction of drafts accepted at each draft position, one line per method."""
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for name, values in rates.items():
+        axes.plot(range(1, len(values) + 1), values, marker="o", label=name)
+    axes.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1),
+             title="Acceptance by draft position (drafted there and accepted)")
+    axes.legend(fontsize=8)
+    return _save(figure, path)
+
+
+def plot_tokens_per_second(path: Path, table: dict[str, dict[str, float]]) -> Path:
+    """Grouped bars: tokens/s of each method (bars) in each task group (clusters)."""
+    figure, axes = plt.subplots(figsize=(10, 4.5))
+    groups = list(next(iter(table.values())))
+    width = 0.8 / len(table)
+    for index, (name, values) in enumerate(table.items()):
+        positions = [g + index * width for g in range(len(groups))]
+        axes.bar(positions, [values[group] for group in groups], width, label=name)
+    axes.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], groups)
+    axes.set(ylabel="tokens / s", title="Tokens per second by task group")
+    axes.legend(fontsize=7, ncol=2)
+    return _save(figure, path)
+
+
+def _save(figure, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
