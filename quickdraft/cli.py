@@ -42,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--k-max", type=int, default=16, help="upper bound on K for adaptive and cost")
     gen.add_argument("--confidence", type=float,
                      help="draft model: stop drafting when its top probability falls below this")
+    gen.add_argument("--runner", choices=["auto", "native", "hf"], default="auto",
+                     help="native (Llama, Mistral, Qwen2) or transformers; auto picks native when supported")
+    gen.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                     help="native runner weights and activations (bf16 where the CPU has fast bf16)")
+    gen.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                      help="apply the chat template (default: when the model has one)")
     gen.add_argument("--verbose", action="store_true", help="print each step's drafted and accepted text")
@@ -91,13 +96,20 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    import torch
+
     import quickdraft  # deferred: argument errors and --help stay instant
 
     prompt = _read_prompt(args)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise QuickdraftError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)  # process-wide by nature: set once, here, by the user
     decoder = quickdraft.load(args.target, args.draft, args.method, args.k,
                               max_ngram=args.max_ngram, min_ngram=args.min_ngram,
                               draft_length=args.draft_length, k_max=args.k_max, confidence=args.confidence,
                               window=args.window, ngram=args.ngram, candidates=args.candidates,
+                              runner=args.runner, precision=args.precision,
                               **({"layers": args.layers} if args.layers is not None else {}))
     options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                    seed=args.seed, stop=args.stop, chat=args.chat)

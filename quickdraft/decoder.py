@@ -13,7 +13,8 @@ from quickdraft.calibrate import calibrate_self_spec
 from quickdraft.draft_length import make_draft_length
 from quickdraft.engine import Generation, StopCheck
 from quickdraft.errors import QuickdraftError
-from quickdraft.methods import DrafterOptions, default_method, get_method, make_runner
+from quickdraft.methods import DrafterOptions, default_method, get_method
+from quickdraft.models.select import check_precision, check_runner_kind, make_runner
 from quickdraft.models.loading import LoadedModel, ModelSource, check_same_vocabulary, load_model
 from quickdraft.sampling import SamplingParams
 from quickdraft.stats import Stats, StepRecord
@@ -57,9 +58,12 @@ class Decoder:
         *,
         draft_length: str = "fixed",
         k_max: int = 16,
+        runner: str = "auto",
+        precision: str = "fp32",
         **drafter_options,
     ) -> None:
-        """drafter_options: the fields of DrafterOptions (max_ngram, min_ngram, confidence, layers)."""
+        """runner: "auto" (native for Llama-family models, else transformers), "native" or "hf".
+        drafter_options: the fields of DrafterOptions (max_ngram, min_ngram, confidence, layers, ...)."""
         self.target = target
         self.draft = draft
         self.method = method or default_method(draft is not None)
@@ -72,10 +76,16 @@ class Decoder:
         if spec.needs_draft_model and draft is None:
             raise QuickdraftError(f'method "{self.method}" needs a draft model (pass draft=... or --draft)')
         make_draft_length(draft_length, max(self.k, 1), k_max)  # fail early on a bad name
-        self.draft_length, self.k_max = draft_length, k_max
+        check_runner_kind(runner)
+        check_precision(precision, runner)
+        self.draft_length, self.k_max, self.runner, self.precision = draft_length, k_max, runner, precision
         self.options = make_drafter_options(drafter_options)
-        self._target_runner = make_runner(target.model)
-        self._drafter = spec.build(target.model, draft.model if draft else None, self.options)
+
+        def runner_for(loaded: LoadedModel, layers: list[int] | None = None):
+            return make_runner(loaded, runner, layers, precision)
+
+        self._target_runner = runner_for(target)
+        self._drafter = spec.build(target, draft, self.options, runner_for)
         self.eos_ids = _eos_ids(target)
         self.calibration: dict[int, float] | None = None  # self-spec depth -> tok/s, when calibrated
 
@@ -88,7 +98,9 @@ class Decoder:
 
         options: draft_length, k_max and DrafterOptions fields (default: this decoder's).
         """
-        settings = dict(draft_length=self.draft_length, k_max=self.k_max) | asdict(self.options) | options
+        settings = (dict(draft_length=self.draft_length, k_max=self.k_max, runner=self.runner,
+                         precision=self.precision)
+                    | asdict(self.options) | options)
         return Decoder(self.target, self.draft, method, k, **settings)
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
@@ -246,6 +258,8 @@ def load(
     dtype: torch.dtype = torch.float32,
     draft_length: str = "fixed",
     k_max: int = 16,
+    runner: str = "auto",
+    precision: str = "fp32",
     **drafter_options,
 ) -> Decoder:
     """Load a target (None: the embedded default) and an optional draft model into a Decoder.
@@ -254,6 +268,9 @@ def load(
     method: a name in METHODS (default: "draft" with a draft, else "prompt-lookup").
     k: draft tokens per step (default per method); with draft_length "adaptive" or "cost"
     the starting K, varied per step up to k_max.
+    runner: "auto" (the native runner for Llama, Mistral and Qwen2 models, else transformers),
+    "native" or "hf". precision: "fp32" or "bf16" (native runner: weights and activations in
+    bfloat16, norms and logits in fp32).
     drafter_options: max_ngram and min_ngram (prompt lookup), confidence (draft models stop
     drafting when their top probability falls below it), layers (self-spec: the first L
     layers, a list of layers to keep, or "auto" to calibrate).
@@ -269,7 +286,8 @@ def load(
         draft_model = load_model(draft, draft_tokenizer, cache_dir, dtype)
         check_same_vocabulary(target_model, draft_model)
     if drafter_options.get("layers") == "auto":
-        return calibrate_self_spec(Decoder(target_model, draft_model, "none"), method or "self-spec", k,
-                                   draft_length=draft_length, k_max=k_max, **drafter_options)
+        return calibrate_self_spec(Decoder(target_model, draft_model, "none", runner=runner, precision=precision),
+                                   method or "self-spec", k, draft_length=draft_length, k_max=k_max,
+                                   **drafter_options)
     return Decoder(target_model, draft_model, method, k, draft_length=draft_length, k_max=k_max,
-                   **drafter_options)
+                   runner=runner, precision=precision, **drafter_options)

@@ -8,12 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from transformers import PreTrainedModel
-
 from quickdraft.drafters import DraftModelDrafter, Drafter, LookaheadDrafter, NoDrafter, PromptLookupDrafter
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.layer_subset import decoder_layers, layer_subset_model, resolve_layers
-from quickdraft.models.runner import HFRunner, Runner
+from quickdraft.models.layer_subset import decoder_layers, resolve_layers
+from quickdraft.models.loading import LoadedModel
+from quickdraft.models.runner import Runner
 
 
 @dataclass(frozen=True)
@@ -29,7 +28,8 @@ class DrafterOptions:
     candidates: int = 4  # lookahead: n-grams verified per pass G
 
 
-Builder = Callable[[PreTrainedModel, PreTrainedModel | None, DrafterOptions], Drafter]
+RunnerFactory = Callable[..., Runner]  # (loaded model, layers=None) -> a runner for it
+Builder = Callable[[LoadedModel, LoadedModel | None, DrafterOptions, RunnerFactory], Drafter]
 
 
 @dataclass(frozen=True)
@@ -41,39 +41,36 @@ class Method:
     drafts_trees: bool = False  # verifies token trees: acceptance is not the chain's alpha
 
 
-def make_runner(model: PreTrainedModel) -> Runner:
-    """The runner for a loaded model."""
-    return HFRunner(model)
-
-
-def _build_draft(target: PreTrainedModel, draft: PreTrainedModel | None, options: DrafterOptions) -> Drafter:
+def _build_draft(target: LoadedModel, draft: LoadedModel | None, options: DrafterOptions,
+                 make_runner: RunnerFactory) -> Drafter:
     if draft is None:
         raise QuickdraftError('method "draft" needs a draft model (pass draft=... or --draft)')
     return DraftModelDrafter(make_runner(draft), options.confidence)
 
 
-def default_self_spec_layers(target: PreTrainedModel) -> int:
+def default_self_spec_layers(target: LoadedModel) -> int:
     """A quarter of the layers (at least 1): the best tokens/s on the default target (BENCHMARKS.md)."""
-    return max(1, len(decoder_layers(target)) // 4)
+    return max(1, len(decoder_layers(target.model)) // 4)
 
 
-def _build_self_spec(target: PreTrainedModel, draft: PreTrainedModel | None, options: DrafterOptions) -> Drafter:
+def _build_self_spec(target: LoadedModel, draft: LoadedModel | None, options: DrafterOptions,
+                     make_runner: RunnerFactory) -> Drafter:
     spec = options.layers if options.layers is not None else default_self_spec_layers(target)
-    layers = resolve_layers(target, spec if isinstance(spec, int) else list(spec))
-    view = layer_subset_model(target, layers)
-    # The view's cache uses the full model's layout: each kept layer writes its own slot.
-    return DraftModelDrafter(HFRunner(view, cache_config=target.config), options.confidence)
+    layers = resolve_layers(target.model, spec if isinstance(spec, int) else list(spec))
+    return DraftModelDrafter(make_runner(target, layers=layers), options.confidence)
 
 
 METHODS: dict[str, Method] = {
-    "none": Method(lambda target, draft, options: NoDrafter(), default_k=0, speculative=False),
+    "none": Method(lambda target, draft, options, make_runner: NoDrafter(), default_k=0, speculative=False),
     "draft": Method(_build_draft, default_k=4, needs_draft_model=True),
     "prompt-lookup": Method(
-        lambda target, draft, options: PromptLookupDrafter(options.max_ngram, options.min_ngram), default_k=8
+        lambda target, draft, options, make_runner: PromptLookupDrafter(options.max_ngram, options.min_ngram),
+        default_k=8,
     ),
     "self-spec": Method(_build_self_spec, default_k=4),
     "lookahead": Method(
-        lambda target, draft, options: LookaheadDrafter(options.window, options.ngram, options.candidates),
+        lambda target, draft, options, make_runner: LookaheadDrafter(options.window, options.ngram,
+                                                                     options.candidates),
         default_k=2,  # caps each verified n-gram's length; N - 1 is the most it can use
         drafts_trees=True,
     ),

@@ -43,11 +43,12 @@ def test_skipping_layers_keeps_cache_slots_and_rolls_back(deep_target):
     assert torch.allclose(after, fresh.forward([1, 2, 3, 4, 5])[-1:], atol=1e-5)
 
 
+@pytest.mark.parametrize("runner", ["native", "hf"])
 @pytest.mark.parametrize("layers", [2, [0, 3], [0, 1, 4, 5]])
 @pytest.mark.parametrize("k", [1, 3, 8])
-def test_self_spec_greedy_equals_plain(deep_target, layers, k):
-    plain = Decoder(loaded(deep_target, "t"), None, "none")
-    spec = Decoder(loaded(deep_target, "t"), None, "self-spec", k, layers=layers)
+def test_self_spec_greedy_equals_plain(deep_target, layers, k, runner):
+    plain = Decoder(loaded(deep_target, "t"), None, "none", runner=runner)
+    spec = Decoder(loaded(deep_target, "t"), None, "self-spec", k, layers=layers, runner=runner)
     for prompt in ([1, 2, 3], [7, 7, 8, 9, 7, 7]):
         assert spec.generate(prompt, max_new_tokens=29).token_ids == plain.generate(prompt, max_new_tokens=29).token_ids
 
@@ -70,5 +71,7 @@ def test_calibration_tries_each_depth_and_keeps_the_fastest(deep_target):
 
 
 def test_default_depth_is_a_quarter(deep_target):
-    spec = Decoder(loaded(deep_target, "t"), None, "self-spec")
-    assert spec._drafter.runner.model.config.num_hidden_layers == 1
+    native = Decoder(loaded(deep_target, "t"), None, "self-spec", runner="native")
+    assert native._drafter.runner.layer_ids == [0]
+    hf = Decoder(loaded(deep_target, "t"), None, "self-spec", runner="hf")
+    assert hf._drafter.runner.model.config.num_hidden_layers == 1

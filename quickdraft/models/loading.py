@@ -11,7 +11,7 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -38,6 +38,7 @@ class LoadedModel:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase | None
     name: str
+    native: dict = field(default_factory=dict)  # dtype -> NativeWeights, extracted on first use
 
 
 def default_cache_dir() -> Path:

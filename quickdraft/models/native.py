@@ -1,0 +1,219 @@
+"""A lean runner for Llama-family models (Llama, SmolLM, Mistral, Qwen2) in plain PyTorch.
+
+Why: a transformers forward spends much of a small model's decode step in Python and
+bookkeeping. Here each layer is a handful of fused operations over weights taken once from
+the loaded model, and the KV cache is preallocated and indexed by a length pointer, so a
+rollback is free and a token tree needs only an explicit mask and positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from quickdraft.errors import QuickdraftError
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # [hidden]
+    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]: q, k, v projections fused
+    qkv_bias: torch.Tensor | None  # [(heads + 2 * kv_heads) * head_dim] (Qwen2) or None
+    o: torch.Tensor  # [hidden, heads * head_dim]
+    post_norm: torch.Tensor  # [hidden]
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]: gate and up projections fused
+    down: torch.Tensor  # [hidden, intermediate]
+
+
+@dataclass
+class NativeWeights:
+    """Everything a forward needs, extracted once from a transformers model; shared by runners."""
+
+    embed: torch.Tensor  # [V, hidden]
+    layers: list[LayerWeights]
+    norm: torch.Tensor  # [hidden]
+    lm_head: torch.Tensor  # [V, hidden]
+    inv_freq: torch.Tensor  # [head_dim / 2] rotary frequencies (any HF rope scaling already applied)
+    rope_scale: float  # HF's attention_scaling of cos and sin
+    eps: float
+    heads: int
+    kv_heads: int
+    head_dim: int
+    max_length: int
+    dtype: torch.dtype
+
+    @classmethod
+    def from_model(cls, model: PreTrainedModel, dtype: torch.dtype | None = None) -> NativeWeights:
+        config = model.config
+        if not supports(model):
+            raise QuickdraftError(f"the native runner supports {', '.join(SUPPORTED_ARCHITECTURES)}, "
+                                  f"not {config.model_type!r}")
+        dtype = dtype or model.dtype
+        inner = model.model
+
+        def cast(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.detach().to(dtype).contiguous()
+
+        layers = []
+        for layer in inner.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
+            layers.append(LayerWeights(
+                input_norm=cast(layer.input_layernorm.weight),
+                qkv=cast(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
+                qkv_bias=cast(torch.cat(biases)) if all(b is not None for b in biases) else None,
+                o=cast(attn.o_proj.weight),
+                post_norm=cast(layer.post_attention_layernorm.weight),
+                gate_up=cast(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                down=cast(mlp.down_proj.weight),
+            ))
+        rotary = inner.rotary_emb
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        max_length = int(config.max_position_embeddings)
+        window = getattr(config, "sliding_window", None)
+        if window and getattr(config, "use_sliding_window", True):
+            max_length = min(max_length, int(window))  # beyond the window the model attends differently
+        embed = cast(inner.embed_tokens.weight)
+        head = model.get_output_embeddings().weight
+        lm_head = embed if head is inner.embed_tokens.weight else cast(head)  # tied: one tensor
+        return cls(embed, layers, cast(inner.norm.weight), lm_head, rotary.inv_freq.detach().float(),
+                   float(getattr(rotary, "attention_scaling", 1.0)), float(config.rms_norm_eps),
+                   config.num_attention_heads, config.num_key_value_heads, head_dim, max_length, dtype)
+
+
+def supports(model: PreTrainedModel) -> bool:
+    """True for the architectures the native runner computes exactly like transformers."""
+    config = model.config
+    return (
+        getattr(config, "model_type", None) in SUPPORTED_ARCHITECTURES
+        and getattr(config, "hidden_act", "silu") == "silu"
+        and not getattr(config, "mlp_bias", False)
+        and hasattr(getattr(model, "model", None), "layers")
+    )
+
+
+class NativeRunner:
+    """One sequence's preallocated KV cache over shared NativeWeights; optionally a layer subset."""
+
+    def __init__(self, weights: NativeWeights, layers: list[int] | None = None) -> None:
+        self.weights = weights
+        self.layer_ids = list(range(len(weights.layers))) if layers is None else list(layers)
+        self._length = 0
+        self._keys: torch.Tensor | None = None  # [layers, kv_heads, capacity, head_dim]
+        self._values: torch.Tensor | None = None
+        self._cos: torch.Tensor | None = None  # [capacity, head_dim]
+        self._sin: torch.Tensor | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.weights.lm_head.shape[0]
+
+    @property
+    def max_length(self) -> int:
+        return self.weights.max_length
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def reset(self) -> None:
+        self._length = 0  # the buffers are reused: only the pointer moves
+
+    def _ensure_capacity(self, needed: int) -> None:
+        """Grow the cache (doubling, up to the context length) so `needed` entries fit."""
+        capacity = 0 if self._keys is None else self._keys.shape[2]
+        if needed <= capacity:
+            return
+        new_capacity = min(self.max_length, max(needed, 2 * capacity, 256))
+        w = self.weights
+        shape = (len(self.layer_ids), w.kv_heads, new_capacity, w.head_dim)
+        keys, values = torch.empty(shape, dtype=w.dtype), torch.empty(shape, dtype=w.dtype)
+        if self._keys is not None:
+            keys[:, :, : self._length] = self._keys[:, :, : self._length]
+            values[:, :, : self._length] = self._values[:, :, : self._length]
+        self._keys, self._values = keys, values
+        # Rotary tables for every position the cache can hold: cos/sin of position * frequency.
+        angles = torch.arange(new_capacity, dtype=torch.float32)[:, None] * w.inv_freq[None]  # [cap, D/2]
+        angles = torch.cat([angles, angles], dim=-1)  # [cap, D]
+        self._cos = (angles.cos() * w.rope_scale).to(w.dtype)
+        self._sin = (angles.sin() * w.rope_scale).to(w.dtype)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: list[int],
+        all_logits: bool = True,
+        positions: list[int] | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        n, start = len(tokens), self._length
+        if start + n > self.max_length:
+            raise ValueError(f"cache would exceed the context length {self.max_length}")
+        self._ensure_capacity(start + n)
+        w = self.weights
+        position_ids = (torch.arange(start, start + n) if positions is None
+                        else torch.tensor(positions, dtype=torch.long))  # [n]
+        if max(positions or [start + n - 1]) >= self._cos.shape[0]:
+            self._ensure_capacity(max(positions) + 1)
+        cos, sin = self._cos[position_ids], self._sin[position_ids]  # [n, D]
+        if mask is None and n > 1:
+            # Causal: token i sees the cache and the new tokens up to itself.
+            mask = torch.ones(n, start + n, dtype=torch.bool).tril(diagonal=start)
+        attn_mask = None if mask is None else mask[None, None]  # [1, 1, n, start + n]
+        q_size, kv_size = w.heads * w.head_dim, w.kv_heads * w.head_dim
+        x = w.embed[torch.tensor(tokens, dtype=torch.long)]  # [n, hidden]
+        for slot, layer_id in enumerate(self.layer_ids):
+            layer = w.layers[layer_id]
+            h = rms_norm(x, layer.input_norm, w.eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)  # [n, (H + 2 KV) D]
+            q = qkv[:, :q_size].view(n, w.heads, w.head_dim).transpose(0, 1)  # [H, n, D]
+            k = qkv[:, q_size : q_size + kv_size].view(n, w.kv_heads, w.head_dim).transpose(0, 1)  # [KV, n, D]
+            v = qkv[:, q_size + kv_size :].view(n, w.kv_heads, w.head_dim).transpose(0, 1)  # [KV, n, D]
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            self._keys[slot, :, start : start + n] = k
+            self._values[slot, :, start : start + n] = v
+            keys = self._keys[slot, :, : start + n]  # [KV, start + n, D]
+            values = self._values[slot, :, : start + n]
+            attn = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=attn_mask,
+                                                  enable_gqa=w.heads != w.kv_heads)  # [1, H, n, D]
+            x = x + F.linear(attn[0].transpose(0, 1).reshape(n, q_size), layer.o)
+            h = rms_norm(x, layer.post_norm, w.eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)  # [n, I] each
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        self._length = start + n
+        if not all_logits:
+            x = x[-1:]
+        return F.linear(rms_norm(x, w.norm, w.eps), w.lm_head).float()  # [n, V]
+
+    def truncate(self, length: int) -> None:
+        self._length = min(self._length, length)  # rollback is a pointer move
+
+    @torch.inference_mode()  # the buffers are inference tensors
+    def keep(self, indices: list[int]) -> None:
+        if indices == list(range(len(indices))):
+            self.truncate(len(indices))
+            return
+        index = torch.tensor(indices, dtype=torch.long)
+        kept = len(indices)
+        self._keys[:, :, :kept] = self._keys[:, :, index]  # gather first, then write: no aliasing
+        self._values[:, :, :kept] = self._values[:, :, index]
+        self._length = kept
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) * weight, computed in fp32 as transformers does."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding: x * cos + rotate_half(x) * sin over [heads, n, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin

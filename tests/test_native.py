@@ -1,0 +1,138 @@
+"""The native runner computes what the transformers runner computes, within fp32 rounding."""
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
+from quickdraft import Decoder, QuickdraftError
+from quickdraft.models.loading import LoadedModel
+from quickdraft.models.native import NativeRunner, NativeWeights, supports
+from quickdraft.models.runner import HFRunner
+from quickdraft.models.select import make_runner
+from quickdraft.tree import tree_mask
+
+from conftest import loaded, tiny_llama
+
+
+def tiny_qwen2(seed: int = 4) -> Qwen2ForCausalLM:
+    config = Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         initializer_range=0.3, tie_word_embeddings=True)
+    torch.manual_seed(seed)  # test-only: reproducible random weights
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:  # Qwen2 has q/k/v biases: make them matter
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.3)
+    return model
+
+
+MODELS = {"llama": lambda: tiny_llama(seed=1), "qwen2": tiny_qwen2,
+          "llama-mha-tied": lambda: tiny_llama(seed=2, layers=3)}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_native_matches_transformers_through_a_whole_session(name):
+    model = MODELS[name]()
+    native, reference = NativeRunner(NativeWeights.from_model(model)), HFRunner(model)
+    script = [
+        ("forward", [5, 1, 4, 1, 5, 9, 2]),  # prefill
+        ("forward", [6]),  # one-token decode
+        ("forward", [5, 3, 5, 8]),  # multi-token verify
+        ("truncate", 9),  # rollback
+        ("forward", [7, 7]),
+    ]
+    for runner in (native, reference):
+        runner.reset()
+    for op, arg in script:
+        if op == "truncate":
+            native.truncate(arg)
+            reference.truncate(arg)
+            continue
+        assert torch.allclose(native.forward(arg), reference.forward(arg), atol=1e-4), (name, op, arg)
+    # A tree pass with explicit positions and mask, then keeping one path.
+    parents = [-1, 0, -1, 2]
+    start = native.length
+    mask = torch.cat([torch.ones(5, start, dtype=torch.bool), tree_mask(parents)], dim=1)
+    positions = [start, start + 1, start + 2, start + 1, start + 2]
+    a = native.forward([3, 1, 2, 8, 9], positions=positions, mask=mask)
+    b = reference.forward([3, 1, 2, 8, 9], positions=positions, mask=mask)
+    assert torch.allclose(a, b, atol=1e-4)
+    keep = [*range(start + 1), start + 3, start + 4]
+    native.keep(keep)
+    reference.keep(keep)
+    assert native.length == reference.length == start + 3
+    assert torch.allclose(native.forward([4]), reference.forward([4]), atol=1e-4)
+
+
+def test_rollback_is_a_pointer_and_equals_a_fresh_forward():
+    model = tiny_llama(seed=1)
+    runner = NativeRunner(NativeWeights.from_model(model))
+    runner.reset()
+    runner.forward([1, 2, 3, 4, 5, 6])
+    runner.truncate(3)
+    again = runner.forward([4, 5, 6])
+    runner.reset()
+    assert torch.allclose(again, runner.forward([1, 2, 3, 4, 5, 6])[3:], atol=1e-5)
+
+
+def test_cache_grows_past_its_first_allocation():
+    model = tiny_llama(seed=1, max_positions=600)
+    native, reference = NativeRunner(NativeWeights.from_model(model)), HFRunner(model)
+    for runner in (native, reference):
+        runner.reset()
+        runner.forward(list(range(1, 31)) * 9)  # 270 tokens: past the first 256 slots
+    assert torch.allclose(native.forward([3]), reference.forward([3]), atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["draft", "prompt-lookup", "self-spec", "lookahead"])
+def test_speculation_on_the_native_runner_equals_plain_transformers_decoding(tiny_target, tiny_draft, method):
+    plain = Decoder(loaded(tiny_target, "t"), None, "none", runner="hf")
+    draft = loaded(tiny_draft, "d") if method == "draft" else None
+    options = {"layers": 1} if method == "self-spec" else {}
+    spec = Decoder(loaded(tiny_target, "t"), draft, method, 3, runner="native", **options)
+    for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9]):
+        assert spec.generate(prompt, max_new_tokens=33).token_ids == plain.generate(prompt, max_new_tokens=33).token_ids
+
+
+def test_unsupported_architecture_falls_back_or_is_refused():
+    config = GPT2Config(vocab_size=32, n_embd=16, n_layer=1, n_head=2, n_positions=64)
+    gpt2 = LoadedModel(GPT2LMHeadModel(config).eval(), None, "gpt2-tiny")
+    assert not supports(gpt2.model)
+    assert isinstance(make_runner(gpt2, "auto"), HFRunner)
+    with pytest.raises(QuickdraftError, match="native runner supports"):
+        make_runner(gpt2, "native")
+    with pytest.raises(QuickdraftError, match="unknown runner"):
+        make_runner(gpt2, "fast")
+    out = Decoder(gpt2, None, "prompt-lookup", 3).generate([1, 2, 3, 1, 2], max_new_tokens=10)
+    assert len(out.token_ids) == 10
+
+
+def test_native_weights_are_extracted_once_per_model(tiny_target):
+    target = loaded(tiny_target, "t")
+    first = make_runner(target)
+    second = make_runner(target, layers=[0])
+    assert first.weights is second.weights
+
+
+def test_bf16_logits_stay_close_to_fp32(tiny_target):
+    tokens = [5, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    fp32 = NativeRunner(NativeWeights.from_model(tiny_target))
+    bf16 = NativeRunner(NativeWeights.from_model(tiny_target, torch.bfloat16))
+    for runner in (fp32, bf16):
+        runner.reset()
+    a, b = fp32.forward(tokens), bf16.forward(tokens)
+    # bfloat16 keeps 8 bits of mantissa: logits agree to a few percent of their spread.
+    assert (a - b).abs().max() < 0.05 * (a.max() - a.min())
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.9
+    # Decoding runs end to end at bf16 (exact equality with plain bf16 decoding is not promised:
+    # bf16 rounding depends on how many tokens share a pass; see the README).
+    out = Decoder(loaded(tiny_target, "t"), None, "prompt-lookup", 3, precision="bf16").generate([1, 2, 3], max_new_tokens=20)
+    assert len(out.token_ids) == 20
+
+
+def test_bf16_needs_the_native_runner(tiny_target):
+    with pytest.raises(QuickdraftError, match="native runner"):
+        Decoder(loaded(tiny_target, "t"), None, "none", runner="hf", precision="bf16")
+    with pytest.raises(QuickdraftError, match="unknown precision"):
+        Decoder(loaded(tiny_target, "t"), None, "none", precision="fp8")
