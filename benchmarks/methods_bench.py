@@ -51,7 +51,7 @@ def parse_config(spec: str) -> tuple[str, dict]:
         key, _, value = item.partition("=")
         if key == "layers" and "+" in value:
             options[key] = [int(v) for v in value.split("+")]
-        elif key in ("draft_length",):
+        elif key in ("draft_length", "runner", "precision"):
             options[key] = value
         else:
             number = float(value)
@@ -125,11 +125,12 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--config", action="append", help="METHOD[:key=value,...] (repeatable)")
     parser.add_argument("--transformers", action="store_true", help="also time transformers' generate")
+    parser.add_argument("--runner", default="auto", help="runner for every config (auto, native, hf)")
     parser.add_argument("--data", type=Path, default=SPEC_BENCH)
     parser.add_argument("--output", type=Path, default=Path("bench-out/methods"))
     args = parser.parse_args()
 
-    base = quickdraft.load(method="none")
+    base = quickdraft.load(method="none", runner=args.runner)
     decoders = {"none": base}
     for spec in args.config or ["prompt-lookup"]:
         method, options = parse_config(spec)
@@ -165,7 +166,7 @@ def main() -> None:
                 for g in GROUPS if any(r["group"] == g for r in rows)}
     machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, seed 0"
-    lines = [f"Target: {base.target.name} (fp32, transformers runner); {len(rows)} Spec-Bench prompts "
+    lines = [f"Target: {base.target.name} ({base.precision}, {args.runner} runner); {len(rows)} Spec-Bench prompts "
              f"({args.per_group} per task group); {sampling}; at most {args.max_new_tokens} new tokens; "
              f"{date.today()}; {machine}.", "",
              "| method | tok/s | median speedup vs none | mean accepted length | acceptance rate | "
