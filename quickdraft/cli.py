@@ -36,9 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--window", type=int, default=4, help="lookahead: Jacobi window width W")
     gen.add_argument("--ngram", type=int, default=3, help="lookahead: n-gram size N")
     gen.add_argument("--candidates", type=int, default=4, help="lookahead: n-grams verified per pass G")
-    gen.add_argument("--draft-length", choices=list(DRAFT_LENGTHS), default="fixed",
+    gen.add_argument("--draft-length", choices=list(DRAFT_LENGTHS),
                      help="fixed K; adaptive (grow after full accepts, shrink after rejections); "
-                          "cost (K that maximises expected tokens/s from measured times)")
+                          "cost (K that maximises expected tokens/s from measured times); "
+                          "default: cost for prompt-lookup, else fixed")
     gen.add_argument("--k-max", type=int, default=16, help="upper bound on K for adaptive and cost")
     gen.add_argument("--confidence", type=float,
                      help="draft model: stop drafting when its top probability falls below this")
@@ -131,7 +132,8 @@ def _generate(args: argparse.Namespace) -> int:
     if args.verbose or args.stop or out.text != printed:
         print(out.text[len(printed):] if out.text.startswith(printed) else "\n" + out.text, end="")
     print()
-    print(f"[{decoder.method}, k={decoder.k}] {out.stats.summary()}", file=sys.stderr)
+    print(f"[{decoder.method}, k={decoder.k}, {decoder.draft_length} K, {decoder.precision}] {out.stats.summary()}",
+          file=sys.stderr)
     if decoder.calibration:
         speeds = ", ".join(f"{depth} layers {speed:.1f} tok/s" for depth, speed in decoder.calibration.items())
         print(f"self-spec calibration: {speeds}; chose {decoder.options.layers}", file=sys.stderr)

@@ -56,7 +56,7 @@ class Decoder:
         method: str | None = None,
         k: int | None = None,
         *,
-        draft_length: str = "fixed",
+        draft_length: str | None = None,
         k_max: int = 16,
         runner: str = "auto",
         precision: str = "fp32",
@@ -75,6 +75,8 @@ class Decoder:
             self.k = 0
         if spec.needs_draft_model and draft is None:
             raise QuickdraftError(f'method "{self.method}" needs a draft model (pass draft=... or --draft)')
+        self._draft_length_choice = draft_length  # None: each method's own default
+        draft_length = draft_length or spec.default_draft_length
         make_draft_length(draft_length, max(self.k, 1), k_max)  # fail early on a bad name
         check_runner_kind(runner)
         check_precision(precision, runner)
@@ -98,7 +100,7 @@ class Decoder:
 
         options: draft_length, k_max and DrafterOptions fields (default: this decoder's).
         """
-        settings = (dict(draft_length=self.draft_length, k_max=self.k_max, runner=self.runner,
+        settings = (dict(draft_length=self._draft_length_choice, k_max=self.k_max, runner=self.runner,
                          precision=self.precision)
                     | asdict(self.options) | options)
         return Decoder(self.target, self.draft, method, k, **settings)
@@ -256,7 +258,7 @@ def load(
     draft_tokenizer: PreTrainedTokenizerBase | None = None,
     cache_dir: str | os.PathLike | None = None,
     dtype: torch.dtype = torch.float32,
-    draft_length: str = "fixed",
+    draft_length: str | None = None,
     k_max: int = 16,
     runner: str = "auto",
     precision: str = "fp32",
@@ -267,7 +269,8 @@ def load(
     target/draft: a Hugging Face hub id, a local folder, a .gguf file, or a loaded model.
     method: a name in METHODS (default: "draft" with a draft, else "prompt-lookup").
     k: draft tokens per step (default per method); with draft_length "adaptive" or "cost"
-    the starting K, varied per step up to k_max.
+    the starting K, varied per step up to k_max. draft_length: "fixed", "adaptive" or "cost"
+    (default per method: "cost" for prompt lookup, else "fixed").
     runner: "auto" (the native runner for Llama, Mistral and Qwen2 models, else transformers),
     "native" or "hf". precision: "fp32" or "bf16" (native runner: weights and activations in
     bfloat16, norms and logits in fp32).

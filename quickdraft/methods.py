@@ -39,6 +39,7 @@ class Method:
     needs_draft_model: bool = False
     speculative: bool = True
     drafts_trees: bool = False  # verifies token trees: acceptance is not the chain's alpha
+    default_draft_length: str = "fixed"  # the policy that measured fastest (BENCHMARKS.md)
 
 
 def _build_draft(target: LoadedModel, draft: LoadedModel | None, options: DrafterOptions,
@@ -66,6 +67,7 @@ METHODS: dict[str, Method] = {
     "prompt-lookup": Method(
         lambda target, draft, options, make_runner: PromptLookupDrafter(options.max_ngram, options.min_ngram),
         default_k=8,
+        default_draft_length="cost",
     ),
     "self-spec": Method(_build_self_spec, default_k=4),
     "lookahead": Method(
