@@ -41,9 +41,10 @@ def copy_bandwidth(megabytes: int = 512, repeats: int = 7) -> float:
 
 def weight_bytes(weights: NativeWeights) -> int:
     """Bytes a decode step must read: every layer, the final norm and the LM head (embedding rows are few)."""
-    tensors = [weights.norm, weights.lm_head]
+    tensors = [weights.norm, weights.lm_head.weight]
     for layer in weights.layers:
-        tensors += [layer.input_norm, layer.qkv, layer.o, layer.post_norm, layer.gate_up, layer.down]
+        tensors += [layer.input_norm, layer.qkv.weight, layer.o.weight, layer.post_norm, layer.gate_up.weight,
+                    layer.down.weight]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 

@@ -138,3 +138,24 @@ def test_more_drafters_greedy_equal_plain_on_the_default(default, method, option
     for prompt in PROMPTS:
         reference = default.generate(prompt, max_new_tokens=30).token_ids
         assert decoder.generate(prompt, max_new_tokens=30).token_ids == reference, (method, prompt)
+
+
+def test_native_runner_matches_transformers_on_the_default(default):
+    from quickdraft.models.native import NativeRunner, NativeWeights
+    from quickdraft.models.runner import HFRunner
+
+    ids = default.encode(PROMPTS[0])
+    native = NativeRunner(NativeWeights.from_model(default.target.model))
+    reference = HFRunner(default.target.model)
+    for runner in (native, reference):
+        runner.reset()
+    steps = [("forward", ids), ("forward", [28]), ("forward", [198, 1313, 24]), ("truncate", len(ids) + 1),
+             ("forward", [42, 43])]
+    for op, arg in steps:
+        if op == "truncate":
+            native.truncate(arg)
+            reference.truncate(arg)
+            continue
+        a, b = native.forward(arg), reference.forward(arg)
+        assert (a - b).abs().max() < 2e-3, op  # fp32, 30 layers, different kernels: ~1e-4 here
+        assert torch.equal(a.argmax(-1), b.argmax(-1))

@@ -136,3 +136,16 @@ def test_bf16_needs_the_native_runner(tiny_target):
         Decoder(loaded(tiny_target, "t"), None, "none", runner="hf", precision="bf16")
     with pytest.raises(QuickdraftError, match="unknown precision"):
         Decoder(loaded(tiny_target, "t"), None, "none", precision="fp8")
+
+
+def test_packed_linear_matches_f_linear_for_every_row_count():
+    from quickdraft.models.linear import PackedLinear
+
+    torch.manual_seed(0)  # test-only: reproducible random weights
+    weight, bias = torch.randn(48, 32), torch.randn(48)
+    for dtype, tolerance in ((torch.float32, 1e-4), (torch.bfloat16, 0.1)):
+        layer = PackedLinear(weight.to(dtype), bias.to(dtype))
+        for rows in (1, 2, 3, 8, 17):
+            x = torch.randn(rows, 32).to(dtype)
+            expected = torch.nn.functional.linear(x.float(), weight.to(dtype).float(), bias.to(dtype).float())
+            assert torch.allclose(layer(x).float(), expected, atol=tolerance, rtol=0.02), (dtype, rows)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.models.linear import PackedLinear
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 
@@ -22,12 +23,11 @@ SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
-    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]: q, k, v projections fused
-    qkv_bias: torch.Tensor | None  # [(heads + 2 * kv_heads) * head_dim] (Qwen2) or None
-    o: torch.Tensor  # [hidden, heads * head_dim]
+    qkv: PackedLinear  # [(heads + 2 * kv_heads) * head_dim, hidden]: q, k, v fused (+ Qwen2's biases)
+    o: PackedLinear  # [hidden, heads * head_dim]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]: gate and up projections fused
-    down: torch.Tensor  # [hidden, intermediate]
+    gate_up: PackedLinear  # [2 * intermediate, hidden]: gate and up projections fused
+    down: PackedLinear  # [hidden, intermediate]
 
 
 @dataclass
@@ -37,7 +37,7 @@ class NativeWeights:
     embed: torch.Tensor  # [V, hidden]
     layers: list[LayerWeights]
     norm: torch.Tensor  # [hidden]
-    lm_head: torch.Tensor  # [V, hidden]
+    lm_head: PackedLinear  # [V, hidden]
     inv_freq: torch.Tensor  # [head_dim / 2] rotary frequencies (any HF rope scaling already applied)
     rope_scale: float  # HF's attention_scaling of cos and sin
     eps: float
@@ -65,12 +65,12 @@ class NativeWeights:
             biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
             layers.append(LayerWeights(
                 input_norm=cast(layer.input_layernorm.weight),
-                qkv=cast(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
-                qkv_bias=cast(torch.cat(biases)) if all(b is not None for b in biases) else None,
-                o=cast(attn.o_proj.weight),
+                qkv=PackedLinear(cast(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
+                                 cast(torch.cat(biases)) if all(b is not None for b in biases) else None),
+                o=PackedLinear(cast(attn.o_proj.weight)),
                 post_norm=cast(layer.post_attention_layernorm.weight),
-                gate_up=cast(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-                down=cast(mlp.down_proj.weight),
+                gate_up=PackedLinear(cast(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))),
+                down=PackedLinear(cast(mlp.down_proj.weight)),
             ))
         rotary = inner.rotary_emb
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -80,7 +80,7 @@ class NativeWeights:
             max_length = min(max_length, int(window))  # beyond the window the model attends differently
         embed = cast(inner.embed_tokens.weight)
         head = model.get_output_embeddings().weight
-        lm_head = embed if head is inner.embed_tokens.weight else cast(head)  # tied: one tensor
+        lm_head = PackedLinear(embed if head is inner.embed_tokens.weight else cast(head))  # tied: shared
         return cls(embed, layers, cast(inner.norm.weight), lm_head, rotary.inv_freq.detach().float(),
                    float(getattr(rotary, "attention_scaling", 1.0)), float(config.rms_norm_eps),
                    config.num_attention_heads, config.num_key_value_heads, head_dim, max_length, dtype)
@@ -111,7 +111,7 @@ class NativeRunner:
 
     @property
     def vocab_size(self) -> int:
-        return self.weights.lm_head.shape[0]
+        return self.weights.lm_head.out_features
 
     @property
     def max_length(self) -> int:
@@ -170,7 +170,7 @@ class NativeRunner:
         for slot, layer_id in enumerate(self.layer_ids):
             layer = w.layers[layer_id]
             h = rms_norm(x, layer.input_norm, w.eps)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)  # [n, (H + 2 KV) D]
+            qkv = layer.qkv(h)  # [n, (H + 2 KV) D]
             q = qkv[:, :q_size].view(n, w.heads, w.head_dim).transpose(0, 1)  # [H, n, D]
             k = qkv[:, q_size : q_size + kv_size].view(n, w.kv_heads, w.head_dim).transpose(0, 1)  # [KV, n, D]
             v = qkv[:, q_size + kv_size :].view(n, w.kv_heads, w.head_dim).transpose(0, 1)  # [KV, n, D]
@@ -181,14 +181,14 @@ class NativeRunner:
             values = self._values[slot, :, : start + n]
             attn = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=attn_mask,
                                                   enable_gqa=w.heads != w.kv_heads)  # [1, H, n, D]
-            x = x + F.linear(attn[0].transpose(0, 1).reshape(n, q_size), layer.o)
+            x = x + layer.o(attn[0].transpose(0, 1).reshape(n, q_size))
             h = rms_norm(x, layer.post_norm, w.eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)  # [n, I] each
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [n, I] each
+            x = x + layer.down(F.silu(gate) * up)
         self._length = start + n
         if not all_logits:
             x = x[-1:]
-        return F.linear(rms_norm(x, w.norm, w.eps), w.lm_head).float()  # [n, V]
+        return w.lm_head(rms_norm(x, w.norm, w.eps)).float()  # [n, V]
 
     def truncate(self, length: int) -> None:
         self._length = min(self._length, length)  # rollback is a pointer move
