@@ -39,7 +39,7 @@ class Method:
     needs_draft_model: bool = False
     speculative: bool = True
     drafts_trees: bool = False  # verifies token trees: acceptance is not the chain's alpha
-    default_draft_length: str = "fixed"  # the policy that measured fastest (BENCHMARKS.md)
+    default_draft_length: str = "fixed"  # "cost" where K should follow the machine's pass costs
 
 
 def _build_draft(target: LoadedModel, draft: LoadedModel | None, options: DrafterOptions,
@@ -86,6 +86,6 @@ def get_method(name: str) -> Method:
 
 
 def default_method(has_draft_model: bool) -> str:
-    """The fastest method available (see BENCHMARKS.md): a draft model if given, else prompt lookup."""
+    """The fastest method available (BENCHMARKS.md): a draft model if given, else prompt lookup."""
     return "draft" if has_draft_model else "prompt-lookup"
 
