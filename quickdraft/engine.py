@@ -80,10 +80,11 @@ class Generation:
         # Drafts past the end of the output can never be used; the target pass yields one more.
         k = max(0, min(self.draft_length.next_k(), remaining - 1, room))
 
+        root = len(self.tokens) - 1  # the newest token: its position and its cache slot
         start = time.perf_counter()
         draft = self.drafter.propose(self.tokens, k, self.sampling, self.generator)
         drafted = time.perf_counter()
-        verdict = self._verify(draft)
+        verdict = self._verify(draft, root)
         verified = time.perf_counter()
 
         proposed = [*(draft.tokens[i] for i in verdict.path), verdict.next_token]
@@ -91,7 +92,6 @@ class Generation:
         if not self.done:
             # Roll back: the target keeps the prefix, the root and the accepted path; the drafter
             # drops whatever it holds past the accepted tokens.
-            root = self.target.length - len(draft.tokens) - len(draft.aux_tokens) - 1
             self.target.keep([*range(root + 1), *(root + 1 + i for i in verdict.path)])
             self.drafter.rollback(self.tokens)
         record = StepRecord(
@@ -112,7 +112,7 @@ class Generation:
             self.stats.finish_reason = self.finish_reason
         return record
 
-    def _verify(self, draft: Draft) -> Verdict:
+    def _verify(self, draft: Draft, root: int) -> Verdict:
         """One target pass over the newest token plus the draft (chain, or tree + aux tokens)."""
         inputs = [self.tokens[-1], *draft.tokens, *draft.aux_tokens]
         if draft.is_chain:
@@ -121,7 +121,6 @@ class Generation:
             return verify(draft_tokens, draft.probs, logits, self.sampling, self.generator)
         parents = draft.parents if draft.parents is not None else chain_parents(len(draft.tokens))
         mask, offsets = pass_layout(parents, draft.aux_offsets, draft.aux_mask)  # [n, n], [n]
-        root = len(self.tokens) - 1  # the newest token's position
         cached = torch.ones(len(inputs), self.target.length, dtype=torch.bool)  # the prefix
         logits = self.target.forward(inputs, positions=[root + o for o in offsets],
                                      mask=torch.cat([cached, mask], dim=1))  # [n, V]
