@@ -150,11 +150,12 @@ def predicted_line(stats) -> str:
     t_pass = stats.verify_time / passes
     alpha = min(stats.acceptance_rate, 0.999)
     k_int = max(1, round(k))
-    speedup = predicted_speedup(alpha, k_int, t_draft / t_pass)
-    best = best_k(alpha, t_draft / t_pass, 16)
+    cost_ratio = t_draft / t_pass
+    speedup = predicted_speedup(alpha, k_int, cost_ratio)
+    best = best_k(alpha, cost_ratio, 16)
     return (f"predicted: {expected_tokens_per_pass(alpha, k_int):.2f} tokens per pass (measured "
             f"{stats.mean_accepted_tokens:.2f}) and {speedup:.2f}x over plain decoding at alpha={alpha:.2f}, "
-            f"K={k_int}, cost ratio {t_draft / t_pass:.3f} (verify cost taken as flat; "
+            f"K={k_int}, cost ratio {cost_ratio:.3f} (verify cost taken as flat; "
             f"benchmarks/methods_bench.py measures the speedup); best K for these: {best}")
 
 

@@ -44,13 +44,12 @@ class Method:
 
 def _build_draft(target: LoadedModel, draft: LoadedModel | None, options: DrafterOptions,
                  make_runner: RunnerFactory) -> Drafter:
-    if draft is None:
-        raise QuickdraftError('method "draft" needs a draft model (pass draft=... or --draft)')
+    assert draft is not None, "Decoder refuses method draft without a draft model"
     return DraftModelDrafter(make_runner(draft), options.confidence)
 
 
 def default_self_spec_layers(target: LoadedModel) -> int:
-    """A quarter of the layers (at least 1): the best tokens/s on the default target (BENCHMARKS.md)."""
+    """A quarter of the layers (at least 1): a cheap start; layers="auto" measures the best depth."""
     return max(1, len(decoder_layers(target.model)) // 4)
 
 

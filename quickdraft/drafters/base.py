@@ -30,9 +30,6 @@ class Draft:
     aux_offsets: list[int] = field(default_factory=list)
     aux_mask: torch.Tensor | None = None
 
-    def __len__(self) -> int:
-        return len(self.tokens)
-
     @property
     def is_chain(self) -> bool:
         return self.parents is None and not self.aux_tokens
