@@ -2,7 +2,8 @@
 
 For 1, 2, 4, 8 and 16 tokens per pass at context 128 and 1024 it times a pass (median of
 --repeats, cache rolled back after each), then plain decoding tokens/s of both runners and of
-transformers' model.generate, all in one process on the embedded default target.
+transformers' model.generate, all in one process on the embedded default target. Rows marked
+torch.compile run the same native forward compiled by inductor (dynamic shapes, unpacked weights).
 
     python benchmarks/runner_bench.py --output bench-out/runner
 """
@@ -48,6 +49,16 @@ def weight_bytes(weights: NativeWeights) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+class CompiledNative:
+    """The native runner's own forward under torch.compile (dynamic shapes), on unpacked weights:
+    measured to see whether compiling the decode/verify step pays on this CPU."""
+
+    def __init__(self, weights: NativeWeights) -> None:
+        self.runner = NativeRunner(weights)
+        self.forward = torch.compile(self.runner.forward, dynamic=True)
+        self.reset, self.truncate = self.runner.reset, self.runner.truncate
+
+
 def pass_ms(runner, context: int, tokens: int, repeats: int) -> float:
     runner.reset()
     runner.forward([1 + (i % 500) for i in range(context)], all_logits=False)
@@ -66,6 +77,7 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 1024])
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
     parser.add_argument("--output", type=Path, default=Path("bench-out/runner"))
     args = parser.parse_args()
 
@@ -75,12 +87,16 @@ def main() -> None:
     runners = {"transformers": HFRunner(model)}
     for label, dtype in precisions.items():
         runners[f"native {label}"] = NativeRunner(NativeWeights.from_model(model, dtype))
+    if not args.no_compile:
+        for label, dtype in precisions.items():
+            runners[f"native {label} torch.compile"] = CompiledNative(NativeWeights.from_model(model, dtype, pack=False))
     bandwidth = copy_bandwidth()
 
     table = {}
     cases = [(c, n) for c in args.contexts for n in args.tokens]
-    for name, runner in runners.items():
-        pass_ms(runner, 32, 1, 3)  # warm-up
+    for name, runner in tqdm(runners.items(), desc="warm-up (compiles)", unit="runner"):
+        for tokens in (1, 8):
+            pass_ms(runner, 32, tokens, 3)
     for context, tokens in tqdm(cases, desc="pass timings", unit="case"):
         for name, runner in runners.items():  # interleaved: drift hits all runners alike
             table[(name, context, tokens)] = pass_ms(runner, context, tokens, args.repeats)

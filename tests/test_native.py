@@ -149,3 +149,14 @@ def test_packed_linear_matches_f_linear_for_every_row_count():
             x = torch.randn(rows, 32).to(dtype)
             expected = torch.nn.functional.linear(x.float(), weight.to(dtype).float(), bias.to(dtype).float())
             assert torch.allclose(layer(x).float(), expected, atol=tolerance, rtol=0.02), (dtype, rows)
+
+
+def test_unpacked_weights_compute_the_same_logits():
+    model = tiny_llama(seed=2)
+    packed = NativeRunner(NativeWeights.from_model(model))
+    plain_weights = NativeWeights.from_model(model, pack=False)
+    assert all(layer.qkv._packed is None for layer in plain_weights.layers)
+    plain = NativeRunner(plain_weights)
+    tokens = [5, 9, 2, 7, 1, 3, 8, 4]
+    assert torch.allclose(packed.forward(tokens), plain.forward(tokens), atol=1e-4)
+    assert torch.allclose(packed.forward([6]), plain.forward([6]), atol=1e-4)

@@ -25,13 +25,13 @@ def _mkldnn(dtype: torch.dtype) -> bool:
 class PackedLinear:
     """A linear layer over a fixed weight [out, in] (and bias [out]), prepacked when the CPU allows."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = True) -> None:
         self.weight, self.bias = weight, bias
         self.out_features = weight.shape[0]
         # oneDNN's blocked copy of the weight: every row count in bf16, multi-row passes in fp32.
         self._packed = None
         self._packed_from = 1 if weight.dtype == torch.bfloat16 else FP32_PACKED_FROM
-        if weight.dtype in (torch.float32, torch.bfloat16) and _mkldnn(weight.dtype):
+        if pack and weight.dtype in (torch.float32, torch.bfloat16) and _mkldnn(weight.dtype):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

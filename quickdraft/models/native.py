@@ -48,7 +48,9 @@ class NativeWeights:
     dtype: torch.dtype
 
     @classmethod
-    def from_model(cls, model: PreTrainedModel, dtype: torch.dtype | None = None) -> NativeWeights:
+    def from_model(cls, model: PreTrainedModel, dtype: torch.dtype | None = None,
+                   pack: bool = True) -> NativeWeights:
+        """`pack=False` keeps plain weights (F.linear), which torch.compile can trace."""
         config = model.config
         if not supports(model):
             raise QuickdraftError(f"the native runner supports {', '.join(SUPPORTED_ARCHITECTURES)}, "
@@ -59,18 +61,21 @@ class NativeWeights:
         def cast(tensor: torch.Tensor) -> torch.Tensor:
             return tensor.detach().to(dtype).contiguous()
 
+        def linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:
+            return PackedLinear(weight, bias, pack)
+
         layers = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
             biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
             layers.append(LayerWeights(
                 input_norm=cast(layer.input_layernorm.weight),
-                qkv=PackedLinear(cast(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
-                                 cast(torch.cat(biases)) if all(b is not None for b in biases) else None),
-                o=PackedLinear(cast(attn.o_proj.weight)),
+                qkv=linear(cast(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
+                           cast(torch.cat(biases)) if all(b is not None for b in biases) else None),
+                o=linear(cast(attn.o_proj.weight)),
                 post_norm=cast(layer.post_attention_layernorm.weight),
-                gate_up=PackedLinear(cast(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))),
-                down=PackedLinear(cast(mlp.down_proj.weight)),
+                gate_up=linear(cast(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))),
+                down=linear(cast(mlp.down_proj.weight)),
             ))
         rotary = inner.rotary_emb
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -80,7 +85,7 @@ class NativeWeights:
             max_length = min(max_length, int(window))  # beyond the window the model attends differently
         embed = cast(inner.embed_tokens.weight)
         head = model.get_output_embeddings().weight
-        lm_head = PackedLinear(embed if head is inner.embed_tokens.weight else cast(head))  # tied: shared
+        lm_head = linear(embed if head is inner.embed_tokens.weight else cast(head))  # tied: shared
         return cls(embed, layers, cast(inner.norm.weight), lm_head, rotary.inv_freq.detach().float(),
                    float(getattr(rotary, "attention_scaling", 1.0)), float(config.rms_norm_eps),
                    config.num_attention_heads, config.num_key_value_heads, head_dim, max_length, dtype)
