@@ -1,10 +1,11 @@
-"""`quickdraft generate`: speculative decoding from the command line."""
+"""`quickdraft generate | bench | analyze`: speculative decoding from the command line."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from quickdraft.analysis import best_k, expected_tokens_per_pass, predicted_speedup, time_per_token
 from quickdraft.draft_length import DRAFT_LENGTHS
@@ -53,6 +54,27 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--verbose", action="store_true", help="print each step's drafted and accepted text")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
 
+    bench = commands.add_parser("bench", help="time methods and peers side by side; report, JSON, plots")
+    bench.add_argument("--target", help="hub id, folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    bench.add_argument("--draft", help="draft model for method draft and transformers' assistant_model")
+    bench.add_argument("--methods", nargs="+", default=["all"],
+                       help="METHOD[:key=value,...] specs, or all (default); a value a/b/c runs each, "
+                            "e.g. prompt-lookup:k=2/4/8,draft_length=fixed")
+    bench.add_argument("--data", type=Path,
+                       help="Spec-Bench-style JSONL (default: ../shared/data/spec_bench/question.jsonl when "
+                            "present, else a built-in set)")
+    bench.add_argument("--categories", nargs="+", help="categories to run (default: all in the file)")
+    bench.add_argument("--per-category", type=int, help="prompts per category (default 10; --quick: 1)")
+    bench.add_argument("--max-new-tokens", type=int, help="default 128 (--quick: 48)")
+    bench.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (and checks equality)")
+    bench.add_argument("--repeats", type=int, default=1, help="timed runs of each prompt per contender")
+    bench.add_argument("--no-peers", action="store_true", help="leave out transformers and llama.cpp")
+    bench.add_argument("--quick", action="store_true", help="1 prompt per category, 48 tokens: a few minutes")
+    bench.add_argument("--runner", choices=["auto", "native", "hf"], default="auto")
+    bench.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    bench.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    bench.add_argument("--output", type=Path, default=Path("bench-out/bench"), help="folder for the outputs")
+
     analyze = commands.add_parser("analyze", help="expected tokens per pass, predicted speedup, best K")
     analyze.add_argument("--alpha", type=float, help="acceptance rate per draft token")
     analyze.add_argument("--k", type=int, help="draft tokens per step")
@@ -80,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "analyze":
             return _analyze(args)
+        if args.command == "bench":
+            return _bench(args)
         return _generate(args)
     except QuickdraftError as error:
         print(f"quickdraft: error: {error}", file=sys.stderr)
@@ -96,16 +120,39 @@ def _read_prompt(args: argparse.Namespace) -> str:
     return DEMO_PROMPT
 
 
-def _generate(args: argparse.Namespace) -> int:
+def _set_threads(threads: int | None) -> None:
     import torch
 
+    if threads is not None:
+        if threads < 1:
+            raise QuickdraftError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)  # process-wide by nature: set once, here, by the user
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import quickdraft
+    from quickdraft.bench.command import bench
+    from quickdraft.bench.harness import BenchSettings
+
+    _set_threads(args.threads)
+    for flag, value in (("--per-category", args.per_category), ("--max-new-tokens", args.max_new_tokens)):
+        if value is not None and value < 1:
+            raise QuickdraftError(f"{flag} must be >= 1, got {value}")
+    BenchSettings(1, args.temperature, args.repeats).check()  # before loading anything
+    decoder = quickdraft.load(args.target, args.draft, "none", runner=args.runner, precision=args.precision)
+    paths = bench(decoder, args.methods, args.output, args.data, args.categories, args.per_category,
+                  args.max_new_tokens, args.temperature, args.repeats, peers=not args.no_peers, quick=args.quick)
+    report = paths["report"].read_text()
+    print(report[: report.index("\n## ", report.index("## overall") + 1)].rstrip())  # header + overall table
+    print("\nwrote " + ", ".join(str(path) for path in paths.values()))
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
     import quickdraft  # deferred: argument errors and --help stay instant
 
     prompt = _read_prompt(args)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise QuickdraftError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)  # process-wide by nature: set once, here, by the user
+    _set_threads(args.threads)
     decoder = quickdraft.load(args.target, args.draft, args.method, args.k,
                               max_ngram=args.max_ngram, min_ngram=args.min_ngram,
                               draft_length=args.draft_length, k_max=args.k_max, confidence=args.confidence,
@@ -156,7 +203,7 @@ def predicted_line(stats) -> str:
     return (f"predicted: {expected_tokens_per_pass(alpha, k_int):.2f} tokens per pass (measured "
             f"{stats.mean_accepted_tokens:.2f}) and {speedup:.2f}x over plain decoding at alpha={alpha:.2f}, "
             f"K={k_int}, cost ratio {cost_ratio:.3f} (verify cost taken as flat; "
-            f"benchmarks/methods_bench.py measures the speedup); best K for these: {best}")
+            f"quickdraft bench measures the speedup); best K for these: {best}")
 
 
 def _analyze(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""Pictures that say more than tables: speedup vs K, acceptance by draft position, tok/s by method."""
+"""Pictures that say more than tables: speedup vs K, acceptance by draft position, bars by group, tok/s vs K."""
 
 from __future__ import annotations
 
@@ -40,17 +40,34 @@ def plot_acceptance_by_position(path: Path, rates: dict[str, list[float]]) -> Pa
     return _save(figure, path)
 
 
-def plot_tokens_per_second(path: Path, table: dict[str, dict[str, float]]) -> Path:
-    """Grouped bars: tokens/s of each method (bars) in each task group (clusters)."""
+def plot_grouped_bars(path: Path, table: dict[str, dict[str, float]], ylabel: str, title: str,
+                      reference: float | None = None) -> Path:
+    """Grouped bars: one bar per series (e.g. method) in each cluster (e.g. task group)."""
     figure, axes = plt.subplots(figsize=(10, 4.5))
     groups = list(next(iter(table.values())))
     width = 0.8 / len(table)
     for index, (name, values) in enumerate(table.items()):
         positions = [g + index * width for g in range(len(groups))]
         axes.bar(positions, [values[group] for group in groups], width, label=name)
+    if reference is not None:
+        axes.axhline(reference, color="grey", linewidth=0.8, linestyle="--")
     axes.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], groups)
-    axes.set(ylabel="tokens / s", title="Tokens per second by task group")
+    axes.set(ylabel=ylabel, title=title)
     axes.legend(fontsize=7, ncol=2)
+    return _save(figure, path)
+
+
+def plot_tokens_per_second_vs_k(path: Path, points: dict[str, list[tuple[float, float]]],
+                                baseline: float | None = None) -> Path:
+    """Tokens/s against the mean draft length K actually used, one line per method."""
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for name, values in points.items():
+        values = sorted(values)
+        axes.plot([k for k, _ in values], [speed for _, speed in values], marker="o", label=name)
+    if baseline is not None:
+        axes.axhline(baseline, color="grey", linewidth=0.8, linestyle="--", label="plain decoding")
+    axes.set(xlabel="mean draft tokens per target pass (K)", ylabel="tokens / s", title="Tokens per second vs K")
+    axes.legend(fontsize=8)
     return _save(figure, path)
 
 

@@ -159,3 +159,22 @@ def test_native_runner_matches_transformers_on_the_default(default):
         a, b = native.forward(arg), reference.forward(arg)
         assert (a - b).abs().max() < 2e-3, op  # fp32, 30 layers, different kernels: ~1e-4 here
         assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def test_bench_command_on_the_default_target(tmp_path, capsys):
+    """The whole `quickdraft bench` path: prompts, contenders, peers, report, JSON and plots."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps({"category": c, "turns": [t]}) for c, t in [
+        ("qa", "What is the capital of France? Answer in one sentence."), ("qa", "Who wrote Hamlet?"),
+        ("chat", "Say hello.")]) + "\n")
+    argv = ["bench", "--quick", "--data", str(data), "--methods", "prompt-lookup", "--categories", "qa",
+            "--max-new-tokens", "12", "--output", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| prompt-lookup |" in out and "| transformers generate |" in out
+    report = (tmp_path / "report.md").read_text()
+    assert "## qa" in report and "Every quickdraft method produced the baseline's tokens" in report
+    raw = json.loads((tmp_path / "results.json").read_text())
+    assert raw["summaries"]["overall"]["transformers generate"]["mismatches"] == []
+    assert all((tmp_path / name).is_file() for name in ("speedup_by_category.png", "acceptance_by_position.png",
+                                                        "tokens_per_second_vs_k.png"))

@@ -39,6 +39,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase | None
     name: str
     native: dict = field(default_factory=dict)  # dtype -> NativeWeights, extracted on first use
+    gguf: Path | None = None  # the GGUF file it came from, if any (llama.cpp can run the same file)
 
 
 def default_cache_dir() -> Path:
@@ -117,7 +118,9 @@ def _load_gguf(path: Path, cache: Path, dtype: torch.dtype) -> LoadedModel:
     converted = cache / "converted" / f"{path.stem}-{_file_key(path)}"
     if not (converted / "model.safetensors").is_file():
         _convert_gguf(path, converted)
-    return _from_pretrained(str(converted), dtype, path.stem)
+    loaded = _from_pretrained(str(converted), dtype, path.stem)
+    loaded.gguf = path
+    return loaded
 
 
 def _file_key(path: Path) -> str:

@@ -1,0 +1,53 @@
+"""`quickdraft bench` end to end: load, pick prompts and contenders, run, write the report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from quickdraft.bench.contenders import Contender, method_contenders
+from quickdraft.bench.harness import BenchSettings, run_bench
+from quickdraft.bench.peers import llama_cpp_peers, transformers_peers
+from quickdraft.bench.prompts import default_prompt_file, load_prompts
+from quickdraft.bench.report import write_report
+from quickdraft.bench.summary import summarise_all
+from quickdraft.decoder import Decoder
+
+FULL_PER_CATEGORY, QUICK_PER_CATEGORY = 10, 1
+FULL_NEW_TOKENS, QUICK_NEW_TOKENS = 128, 48
+
+
+def bench(
+    decoder: Decoder,
+    methods: list[str],
+    output: Path,
+    data: Path | None = None,
+    categories: list[str] | None = None,
+    per_category: int | None = None,
+    max_new_tokens: int | None = None,
+    temperature: float = 0.0,
+    repeats: int = 1,
+    peers: bool = True,
+    quick: bool = False,
+    progress: bool = True,
+) -> dict[str, Path]:
+    """Time `methods` (specs, or "all") against method none and the peers; write report, JSON, plots.
+
+    decoder: a loaded Decoder whose target, draft, runner and precision every method shares.
+    quick: one prompt per category and 48 new tokens unless given (a few minutes on a laptop CPU)."""
+    per_category = per_category or (QUICK_PER_CATEGORY if quick else FULL_PER_CATEGORY)
+    max_new_tokens = max_new_tokens or (QUICK_NEW_TOKENS if quick else FULL_NEW_TOKENS)
+    settings = BenchSettings(max_new_tokens, temperature, repeats)
+    settings.check()
+    source = data or default_prompt_file()
+    prompts = load_prompts(source, categories, per_category)
+    encoded = [(p.category, decoder.encode(p.text)) for p in prompts]
+    contenders: list[Contender] = list(method_contenders(decoder, methods))
+    if peers:
+        contenders += transformers_peers(decoder.target, decoder.draft, decoder.eos_ids)
+        contenders += llama_cpp_peers(decoder.target.gguf, decoder.eos_ids)
+    result = run_bench(encoded, contenders, settings, progress)
+    summaries = summarise_all(result)
+    header = {"target": decoder.target.name, "precision": decoder.precision, "runner": decoder.runner,
+              "prompts": str(source) if source else "the built-in prompt set",
+              "methods": methods, "peers": peers}
+    return write_report(output, result, summaries, header)

@@ -1,0 +1,116 @@
+"""What the harness times: quickdraft decoders by method and settings, behind one small interface.
+
+Adding a drafting method to the bench is its entry in quickdraft.methods.METHODS; "all" picks
+it up from there.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from quickdraft.decoder import Decoder
+from quickdraft.errors import QuickdraftError
+from quickdraft.methods import METHODS, get_method
+
+BASELINE = "none"
+TEXT_SETTINGS = ("draft_length", "runner", "precision")  # settings whose values are names, not numbers
+
+
+@dataclass
+class RunRecord:
+    """One timed generation of one prompt. Speculative counts are zero for contenders without them."""
+
+    tokens: list[int]  # new tokens, EOS included, counted the same way for everyone
+    seconds: float  # wall time of the whole call, prefill included
+    passes: int = 0  # target passes (0 when the contender does not report them)
+    drafted: int = 0
+    accepted: int = 0
+    drafted_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+    decode_seconds: float = 0.0  # drafting + verification time, prefill excluded (0 when unknown)
+
+
+class Contender(Protocol):
+    """Something that decodes token ids: a quickdraft method or a peer library."""
+
+    name: str
+    chain: bool  # drafts chains, so acceptance is the closed-form model's alpha
+    speculative: bool
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> RunRecord: ...
+
+
+class MethodContender:
+    """A quickdraft Decoder (one method with its settings)."""
+
+    def __init__(self, name: str, decoder: Decoder) -> None:
+        self.name, self.decoder = name, decoder
+        spec = get_method(decoder.method)
+        self.chain, self.speculative = not spec.drafts_trees, spec.speculative
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> RunRecord:
+        out = self.decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+        s = out.stats
+        return RunRecord(out.token_ids, s.wall_time, s.target_passes, s.drafted_tokens, s.accepted_tokens,
+                         list(s.drafted_by_position), list(s.accepted_by_position), s.draft_time + s.verify_time)
+
+
+def parse_spec(spec: str) -> list[tuple[str, str, dict]]:
+    """'METHOD[:key=value,...]' -> [(name, method, settings)]; a value 'a/b/c' expands to one each.
+
+    Keys: k, draft_length, k_max, runner, precision and the DrafterOptions fields (layers takes L
+    or layers joined by '+', e.g. layers=0+1+2)."""
+    method, _, rest = spec.partition(":")
+    get_method(method)
+    choices: list[list[tuple[str, object]]] = []
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not value:
+            raise QuickdraftError(f"bad method setting {item!r} in {spec!r}; expected key=value")
+        choices.append([(key, _setting_value(key, v)) for v in value.split("/")])
+    expanded = []
+    for combination in itertools.product(*choices):
+        settings = dict(combination)
+        label = ",".join(f"{key}={_label(value)}" for key, value in combination)
+        expanded.append((f"{method}:{label}" if label else method, method, settings))
+    return expanded
+
+
+def _setting_value(key: str, value: str) -> object:
+    if key in TEXT_SETTINGS:
+        return value
+    if key == "layers":
+        return [int(v) for v in value.split("+")] if "+" in value else int(value)
+    try:
+        number = float(value)
+    except ValueError:
+        raise QuickdraftError(f"setting {key}={value!r} must be a number") from None
+    return int(number) if number.is_integer() else number
+
+
+def _label(value: object) -> str:
+    return "+".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def method_contenders(base: Decoder, specs: list[str]) -> list[MethodContender]:
+    """The baseline (method none) first, then each spec's decoders over the same loaded models.
+
+    "all" stands for every method with its defaults (draft only when a draft model is loaded)."""
+    expanded: list[tuple[str, str, dict]] = []
+    for spec in specs:
+        if spec == "all":
+            expanded += [(name, name, {}) for name, method in METHODS.items()
+                         if method.speculative and (base.draft is not None or not method.needs_draft_model)]
+        else:
+            expanded += parse_spec(spec)
+    contenders = [MethodContender(BASELINE, base.with_method(BASELINE))]
+    for name, method, settings in expanded:
+        if name in (c.name for c in contenders):
+            continue
+        if method == BASELINE:
+            raise QuickdraftError("method none is the baseline and always runs; leave it out of the list")
+        settings = dict(settings)
+        contenders.append(MethodContender(name, base.with_method(method, settings.pop("k", None), **settings)))
+    return contenders

@@ -1,0 +1,75 @@
+"""The measurement loop: every contender on every prompt, back to back, in one process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from quickdraft.bench.contenders import BASELINE, Contender, RunRecord
+from quickdraft.errors import QuickdraftError
+
+WARMUP_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    repeats: int = 1
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.max_new_tokens < 1:
+            raise QuickdraftError(f"max new tokens must be >= 1, got {self.max_new_tokens}")
+        if self.repeats < 1:
+            raise QuickdraftError(f"repeats must be >= 1, got {self.repeats}")
+        if self.temperature < 0:
+            raise QuickdraftError(f"temperature must be >= 0, got {self.temperature}")
+
+
+@dataclass
+class PromptRuns:
+    category: str
+    prompt_tokens: int
+    runs: dict[str, list[RunRecord]] = field(default_factory=dict)  # contender -> one record per repeat
+
+
+@dataclass
+class BenchResult:
+    settings: BenchSettings
+    contenders: list[Contender]
+    prompts: list[PromptRuns]
+
+    @property
+    def greedy(self) -> bool:
+        return self.settings.temperature == 0
+
+
+def run_bench(encoded: list[tuple[str, list[int]]], contenders: list[Contender], settings: BenchSettings,
+              progress: bool = True) -> BenchResult:
+    """Run each (category, prompt ids) through every contender; the baseline must come first.
+
+    Each prompt's contenders run back to back, the order rotated from prompt to prompt so no
+    contender always runs first; one short warm-up run each before anything is timed."""
+    settings.check()
+    if not contenders or contenders[0].name != BASELINE:
+        raise QuickdraftError(f"the first contender must be the baseline {BASELINE!r}")
+    if not encoded:
+        raise QuickdraftError("no prompts to run")
+    for contender in contenders:
+        contender.run(encoded[0][1], WARMUP_TOKENS, settings.temperature, settings.seed)
+    results = []
+    total = len(encoded) * settings.repeats * len(contenders)
+    with tqdm(total=total, desc="bench", unit="run", disable=not progress) as bar:
+        for index, (category, ids) in enumerate(encoded):
+            row = PromptRuns(category, len(ids), {c.name: [] for c in contenders})
+            order = contenders[index % len(contenders):] + contenders[: index % len(contenders)]
+            for _ in range(settings.repeats):
+                for contender in order:
+                    bar.set_postfix_str(f"{category}: {contender.name}"[:40])
+                    record = contender.run(ids, settings.max_new_tokens, settings.temperature, settings.seed)
+                    row.runs[contender.name].append(record)
+                    bar.update()
+            results.append(row)
+    return BenchResult(settings, contenders, results)

@@ -1,0 +1,128 @@
+"""Write a bench run out: a Markdown report (a table per category), raw JSON, and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import asdict
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from quickdraft.bench.contenders import BASELINE, MethodContender
+from quickdraft.bench.harness import BenchResult
+from quickdraft.bench.summary import OVERALL, Summary
+from quickdraft.plots import plot_acceptance_by_position, plot_grouped_bars, plot_tokens_per_second_vs_k
+
+PLOTS = {
+    "speedup": "speedup_by_category.png",
+    "acceptance": "acceptance_by_position.png",
+    "k": "tokens_per_second_vs_k.png",
+}
+
+
+def machine() -> str:
+    return f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+
+
+def _ratio(value: float | None, digits: int = 2, suffix: str = "") -> str:
+    return "" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def table(summaries: dict[str, Summary], greedy: bool, methods: set[str], with_prediction: bool) -> list[str]:
+    header = ("| contender | tok/s | speedup vs none | mean accepted length | acceptance rate | mean K |"
+              + (" predicted / measured decode speedup |" if with_prediction else "")
+              + " outputs != none |")
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for name, s in summaries.items():
+        rate = "" if s.acceptance_rate is None else f"{s.acceptance_rate:.1%}"
+        if not greedy:
+            mismatch = "(sampled)"
+        elif name == BASELINE:
+            mismatch = "reference"
+        else:
+            mismatch = f"{len(s.mismatches)}/{s.prompts}" + ("" if name in methods else " (peer)")
+        cells = [name, f"{s.tokens_per_second:.1f}", f"{s.speedup:.2f}x", _ratio(s.mean_accepted_length), rate,
+                 _ratio(s.mean_k, 1)]
+        if with_prediction:
+            cells.append("" if s.predicted_speedup is None
+                         else f"{s.predicted_speedup:.2f}x / {s.measured_decode_speedup:.2f}x")
+        lines.append("| " + " | ".join(cells + [mismatch]) + " |")
+    return lines
+
+
+def markdown(result: BenchResult, summaries: dict[str, dict[str, Summary]], header: dict) -> str:
+    s = result.settings
+    sampling = "greedy" if result.greedy else f"temperature {s.temperature}, seed {s.seed}"
+    methods = {c.name for c in result.contenders if isinstance(c, MethodContender)}
+    categories = [g for g in summaries if g != OVERALL]
+    lines = [
+        "# quickdraft bench", "",
+        f"Target: {header['target']} ({header['precision']}, {header['runner']} runner); "
+        f"{len(result.prompts)} prompts from {header['prompts']} ({', '.join(categories)}); {sampling}; "
+        f"at most {s.max_new_tokens} new tokens; {s.repeats} repeat(s); {header['date']}; {header['machine']}.",
+        "",
+        "tok/s: new tokens (EOS included) over the whole call, prefill included; the median over prompts "
+        "(each prompt: the median of its repeats). Speedup: that median over method none's (same runner, "
+        "same prompts, run back to back). Mean accepted length: new tokens per target pass.",
+        "",
+        f"## {OVERALL}", "",
+        *table(summaries[OVERALL], result.greedy, methods, with_prediction=True),
+    ]
+    for category in categories:
+        lines += ["", f"## {category}", "", *table(summaries[category], result.greedy, methods, False)]
+    if result.greedy:
+        broken = {name: x.mismatches for name, x in summaries[OVERALL].items() if x.mismatches}
+        lines += ["", "## Equality check (greedy)", ""]
+        failed = {name: numbers for name, numbers in broken.items() if name in methods}
+        lines.append("Every quickdraft method produced the baseline's tokens on every prompt." if not failed else
+                     "**quickdraft methods whose tokens differ from the baseline:** "
+                     + "; ".join(f"{name}: prompts {numbers}" for name, numbers in failed.items()))
+        peers = {name: numbers for name, numbers in broken.items() if name not in methods}
+        if peers:
+            lines.append("Peers that differ (information only; e.g. llama.cpp computes with the GGUF's "
+                         "quantized weights, quickdraft with their de-quantized fp32 values): "
+                         + "; ".join(f"{name}: {len(numbers)} prompts" for name, numbers in peers.items()))
+    lines += ["", "## Plots", ""] + [f"![{key}]({file})" for key, file in PLOTS.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(output: Path, result: BenchResult, summaries: dict[str, dict[str, Summary]]) -> list[Path]:
+    overall = summaries[OVERALL]
+    categories = [g for g in summaries if g != OVERALL] + [OVERALL]
+    speedups = {name: {g: summaries[g][name].speedup for g in categories} for name in overall if name != BASELINE}
+    paths = [plot_grouped_bars(output / PLOTS["speedup"], speedups or {BASELINE: {g: 1.0 for g in categories}},
+                               "speedup over method none (ratio of median tok/s)",
+                               "Speedup by method and category", reference=1.0)]
+    rates = {name: s.acceptance_by_position for name, s in overall.items() if s.acceptance_by_position}
+    paths.append(plot_acceptance_by_position(output / PLOTS["acceptance"], rates or {BASELINE: []}))
+    points: dict[str, list[tuple[float, float]]] = {}
+    for contender in result.contenders:
+        s = overall[contender.name]
+        if isinstance(contender, MethodContender) and s.mean_k is not None:
+            points.setdefault(contender.decoder.method, []).append((s.mean_k, s.tokens_per_second))
+    paths.append(plot_tokens_per_second_vs_k(output / PLOTS["k"], points, overall[BASELINE].tokens_per_second))
+    return paths
+
+
+def write_report(output: Path, result: BenchResult, summaries: dict[str, dict[str, Summary]],
+                 header: dict) -> dict[str, Path]:
+    """report.md, results.json and the plots under `output`; returns their paths."""
+    output.mkdir(parents=True, exist_ok=True)
+    header = {"date": str(date.today()), "machine": machine()} | header
+    report = output / "report.md"
+    report.write_text(markdown(result, summaries, header))
+    raw = {
+        "header": header,
+        "settings": asdict(result.settings),
+        "contenders": [c.name for c in result.contenders],
+        "summaries": {g: {name: asdict(s) for name, s in group.items()} for g, group in summaries.items()},
+        "prompts": [{"category": p.category, "prompt_tokens": p.prompt_tokens,
+                     "runs": {name: [asdict(r) for r in records] for name, records in p.runs.items()}}
+                    for p in result.prompts],
+    }
+    results = output / "results.json"
+    results.write_text(json.dumps(raw, indent=1))
+    plots = write_plots(output, result, summaries)
+    return {"report": report, "results": results} | {path.stem: path for path in plots}
