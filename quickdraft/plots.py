@@ -59,14 +59,15 @@ def plot_grouped_bars(path: Path, table: dict[str, dict[str, float]], ylabel: st
 
 def plot_tokens_per_second_vs_k(path: Path, points: dict[str, list[tuple[float, float]]],
                                 baseline: float | None = None) -> Path:
-    """Tokens/s against the mean draft length K actually used, one line per method."""
+    """Tokens/s against the K setting (draft tokens per step; the cap for dynamic K), one line per method."""
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for name, values in points.items():
         values = sorted(values)
         axes.plot([k for k, _ in values], [speed for _, speed in values], marker="o", label=name)
     if baseline is not None:
         axes.axhline(baseline, color="grey", linewidth=0.8, linestyle="--", label="plain decoding")
-    axes.set(xlabel="mean draft tokens per target pass (K)", ylabel="tokens / s", title="Tokens per second vs K")
+    axes.set(xlabel="K (draft tokens per step; the cap when K is dynamic)", ylabel="tokens / s",
+             title="Tokens per second vs K")
     axes.legend(fontsize=8)
     return _save(figure, path)
 

@@ -99,9 +99,9 @@ def write_plots(output: Path, result: BenchResult, summaries: dict[str, dict[str
     paths.append(plot_acceptance_by_position(output / PLOTS["acceptance"], rates or {BASELINE: []}))
     points: dict[str, list[tuple[float, float]]] = {}
     for contender in result.contenders:
-        s = overall[contender.name]
-        if isinstance(contender, MethodContender) and s.mean_k is not None:
-            points.setdefault(contender.decoder.method, []).append((s.mean_k, s.tokens_per_second))
+        if isinstance(contender, MethodContender) and contender.speculative:
+            line = f"{contender.decoder.method} ({contender.decoder.draft_length} K)"  # a K sweep is one line
+            points.setdefault(line, []).append((contender.decoder.k, overall[contender.name].tokens_per_second))
     paths.append(plot_tokens_per_second_vs_k(output / PLOTS["k"], points, overall[BASELINE].tokens_per_second))
     return paths
 
