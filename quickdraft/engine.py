@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -21,6 +22,20 @@ from quickdraft.tree import chain_parents, pass_layout
 from quickdraft.verify import Verdict, verify, verify_tree
 
 StopCheck = Callable[[list[int]], bool]  # new token ids -> True when a stop string appeared
+
+
+@dataclass
+class PassPlan:
+    """A drafted step waiting for its target pass: what to feed and how to read the logits."""
+
+    k: int  # draft tokens asked for
+    root: int  # position (and cache slot) of the newest token, fed first
+    draft: Draft
+    inputs: list[int]  # [newest token, draft tokens..., aux tokens...]
+    positions: list[int] | None  # explicit positions for trees and aux tokens (None: consecutive)
+    mask: torch.Tensor | None  # [n, cached + n] for trees and aux tokens (None: causal)
+    started: float
+    drafted: float
 
 
 class Generation:
@@ -74,17 +89,32 @@ class Generation:
 
     def step(self) -> StepRecord:
         """One target pass; returns what it did."""
+        plan = self.plan()
+        return self.complete(plan, self.target.forward(plan.inputs, positions=plan.positions, mask=plan.mask))
+
+    def plan(self) -> PassPlan:
+        """Draft, and lay out the target pass that verifies the draft (run it, then complete())."""
         assert not self.done, "generation already finished"
         remaining = self.max_new_tokens - len(self.new_tokens)
         room = self.target.max_length - len(self.tokens)  # cache slots left after the last token
         # Drafts past the end of the output can never be used; the target pass yields one more.
         k = max(0, min(self.draft_length.next_k(), remaining - 1, room))
-
         root = len(self.tokens) - 1  # the newest token: its position and its cache slot
         start = time.perf_counter()
         draft = self.drafter.propose(self.tokens, k, self.sampling, self.generator)
-        drafted = time.perf_counter()
-        verdict = self._verify(draft, root)
+        inputs = [self.tokens[-1], *draft.tokens, *draft.aux_tokens]
+        if draft.is_chain:  # the runner's causal default
+            return PassPlan(k, root, draft, inputs, None, None, start, time.perf_counter())
+        parents = draft.parents if draft.parents is not None else chain_parents(len(draft.tokens))
+        mask, offsets = pass_layout(parents, draft.aux_offsets, draft.aux_mask)  # [n, n], [n]
+        cached = torch.ones(len(inputs), self.target.length, dtype=torch.bool)  # the prefix
+        return PassPlan(k, root, draft, inputs, [root + o for o in offsets], torch.cat([cached, mask], dim=1),
+                        start, time.perf_counter())
+
+    def complete(self, plan: PassPlan, logits: torch.Tensor) -> StepRecord:
+        """Verify the draft with the target's logits [n, V] for plan.inputs; accept, roll back, emit."""
+        draft, root = plan.draft, plan.root
+        verdict = self._verify(draft, logits)
         verified = time.perf_counter()
 
         proposed = [*(draft.tokens[i] for i in verdict.path), verdict.next_token]
@@ -95,14 +125,14 @@ class Generation:
             self.target.keep([*range(root + 1), *(root + 1 + i for i in verdict.path)])
             self.drafter.rollback(self.tokens)
         record = StepRecord(
-            k=k,
+            k=plan.k,
             draft_tokens=list(draft.tokens),
             accepted=len(verdict.path),
             next_token=verdict.next_token,
             bonus=verdict.bonus,
             emitted=emitted,
-            draft_time=drafted - start,
-            verify_time=verified - drafted,
+            draft_time=plan.drafted - plan.started,
+            verify_time=verified - plan.drafted,
         )
         self.steps.append(record)
         self.stats.add_step(record)
@@ -112,18 +142,12 @@ class Generation:
             self.stats.finish_reason = self.finish_reason
         return record
 
-    def _verify(self, draft: Draft, root: int) -> Verdict:
-        """One target pass over the newest token plus the draft (chain, or tree + aux tokens)."""
-        inputs = [self.tokens[-1], *draft.tokens, *draft.aux_tokens]
+    def _verify(self, draft: Draft, logits: torch.Tensor) -> Verdict:
+        """The rejection sampler over the pass's logits (chain, or tree + aux tokens)."""
         if draft.is_chain:
-            logits = self.target.forward(inputs)  # [K+1, V]
             draft_tokens = torch.tensor(draft.tokens, dtype=torch.long)  # [K]
             return verify(draft_tokens, draft.probs, logits, self.sampling, self.generator)
         parents = draft.parents if draft.parents is not None else chain_parents(len(draft.tokens))
-        mask, offsets = pass_layout(parents, draft.aux_offsets, draft.aux_mask)  # [n, n], [n]
-        cached = torch.ones(len(inputs), self.target.length, dtype=torch.bool)  # the prefix
-        logits = self.target.forward(inputs, positions=[root + o for o in offsets],
-                                     mask=torch.cat([cached, mask], dim=1))  # [n, V]
         if draft.aux_tokens:
             self.drafter.observe(logits[len(draft.tokens) + 1 :])
         return verify_tree(draft.tokens, parents, logits[: len(draft.tokens) + 1], self.sampling, self.generator)

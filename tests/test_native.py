@@ -160,3 +160,30 @@ def test_unpacked_weights_compute_the_same_logits():
     tokens = [5, 9, 2, 7, 1, 3, 8, 4]
     assert torch.allclose(packed.forward(tokens), plain.forward(tokens), atol=1e-4)
     assert torch.allclose(packed.forward([6]), plain.forward([6]), atol=1e-4)
+
+
+def test_a_batched_pass_equals_each_sequence_alone():
+    from quickdraft.models.native import Segment, forward_batch
+
+    weights = NativeWeights.from_model(tiny_llama(seed=3))
+    prompts = [[1, 2, 3, 4, 5], [9, 8], [7, 7, 7, 1, 2, 3, 4, 5, 6]]
+    alone, batched = [NativeRunner(weights) for _ in prompts], [NativeRunner(weights) for _ in prompts]
+    for runner, prompt in zip(alone + batched, prompts + prompts):
+        runner.forward(prompt)
+    tree_mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # root, two children
+    passes = [dict(tokens=[3]), dict(tokens=[4, 5, 6, 7]),
+              dict(tokens=[1, 2, 3], positions=[9, 10, 10], mask=torch.cat([torch.ones(3, 9, dtype=torch.bool),
+                                                                             tree_mask], dim=1))]
+    expected = [runner.forward(**p) for runner, p in zip(alone, passes)]
+    got = forward_batch([Segment(runner, **p) for runner, p in zip(batched, passes)])
+    for e, g in zip(expected, got):
+        assert e.shape == g.shape and torch.allclose(e, g, atol=1e-4)
+    assert [r.length for r in batched] == [r.length for r in alone] == [6, 6, 12]
+    # Ragged continuation: each sequence rolls back on its own, then decodes on in one batch.
+    for runner in (alone[1], batched[1]):
+        runner.truncate(3)
+    expected = [runner.forward([5]) for runner in alone]
+    got = forward_batch([Segment(runner, [5]) for runner in batched])
+    assert all(torch.allclose(e, g, atol=1e-4) for e, g in zip(expected, got))
+    with pytest.raises(ValueError, match="once"):
+        forward_batch([Segment(batched[0], [1]), Segment(batched[0], [2])])

@@ -148,7 +148,6 @@ class NativeRunner:
         self._cos = (angles.cos() * w.rope_scale).to(w.dtype)
         self._sin = (angles.sin() * w.rope_scale).to(w.dtype)
 
-    @torch.inference_mode()
     def forward(
         self,
         tokens: list[int],
@@ -156,44 +155,34 @@ class NativeRunner:
         positions: list[int] | None = None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        n, start = len(tokens), self._length
+        return forward_batch([Segment(self, tokens, all_logits, positions, mask)])[0]
+
+    def _prepare(self, segment: Segment) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Cache room, then rotary rows [n, D] x2 and the attention mask [1, 1, n, start + n] (or None)."""
+        n, start = len(segment.tokens), self._length
         if start + n > self.max_length:
             raise ValueError(f"cache would exceed the context length {self.max_length}")
-        self._ensure_capacity(start + n)
-        w = self.weights
+        positions = segment.positions
+        self._ensure_capacity(max(start + n, max(positions or [0]) + 1))
         position_ids = (torch.arange(start, start + n) if positions is None
                         else torch.tensor(positions, dtype=torch.long))  # [n]
-        if max(positions or [start + n - 1]) >= self._cos.shape[0]:
-            self._ensure_capacity(max(positions) + 1)
-        cos, sin = self._cos[position_ids], self._sin[position_ids]  # [n, D]
+        mask = segment.mask
         if mask is None and n > 1:
             # Causal: token i sees the cache and the new tokens up to itself.
             mask = torch.ones(n, start + n, dtype=torch.bool).tril(diagonal=start)
-        attn_mask = None if mask is None else mask[None, None]  # [1, 1, n, start + n]
-        q_size, kv_size = w.heads * w.head_dim, w.kv_heads * w.head_dim
-        x = w.embed[torch.tensor(tokens, dtype=torch.long)]  # [n, hidden]
-        for slot, layer_id in enumerate(self.layer_ids):
-            layer = w.layers[layer_id]
-            h = rms_norm(x, layer.input_norm, w.eps)
-            qkv = layer.qkv(h)  # [n, (H + 2 KV) D]
-            q = qkv[:, :q_size].view(n, w.heads, w.head_dim).transpose(0, 1)  # [H, n, D]
-            k = qkv[:, q_size : q_size + kv_size].view(n, w.kv_heads, w.head_dim).transpose(0, 1)  # [KV, n, D]
-            v = qkv[:, q_size + kv_size :].view(n, w.kv_heads, w.head_dim).transpose(0, 1)  # [KV, n, D]
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-            self._keys[slot, :, start : start + n] = k
-            self._values[slot, :, start : start + n] = v
-            keys = self._keys[slot, :, : start + n]  # [KV, start + n, D]
-            values = self._values[slot, :, : start + n]
-            attn = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=attn_mask,
-                                                  enable_gqa=w.heads != w.kv_heads)  # [1, H, n, D]
-            x = x + layer.o(attn[0].transpose(0, 1).reshape(n, q_size))
-            h = rms_norm(x, layer.post_norm, w.eps)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [n, I] each
-            x = x + layer.down(F.silu(gate) * up)
-        self._length = start + n
-        if not all_logits:
-            x = x[-1:]
-        return w.lm_head(rms_norm(x, w.norm, w.eps)).float()  # [n, V]
+        return self._cos[position_ids], self._sin[position_ids], None if mask is None else mask[None, None]
+
+    def _attend(self, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """Write k, v [KV, n, D] at the cache's end, attend with q [H, n, D] -> [n, H * D]."""
+        w, n, start = self.weights, q.shape[1], self._length
+        self._keys[slot, :, start : start + n] = k
+        self._values[slot, :, start : start + n] = v
+        keys = self._keys[slot, :, : start + n]  # [KV, start + n, D]
+        values = self._values[slot, :, : start + n]
+        attn = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
+                                              enable_gqa=w.heads != w.kv_heads)  # [1, H, n, D]
+        return attn[0].transpose(0, 1).reshape(n, w.heads * w.head_dim)
 
     def truncate(self, length: int) -> None:
         self._length = min(self._length, length)  # rollback is a pointer move
@@ -208,6 +197,54 @@ class NativeRunner:
         self._keys[:, :, :kept] = self._keys[:, :, index]  # gather first, then write: no aliasing
         self._values[:, :, :kept] = self._values[:, :, index]
         self._length = kept
+
+
+@dataclass
+class Segment:
+    """One sequence's share of a batched pass: its runner (cache) and what it feeds."""
+
+    runner: NativeRunner
+    tokens: list[int]
+    all_logits: bool = True  # False: logits of the last token only
+    positions: list[int] | None = None  # None: consecutive after the cache
+    mask: torch.Tensor | None = None  # [n, cached + n]; None: causal
+
+
+@torch.inference_mode()
+def forward_batch(segments: list[Segment]) -> list[torch.Tensor]:
+    """One pass for several sequences over the same weights: their tokens stacked as rows, so
+    every weight is read once for all of them; attention runs per sequence over its own cache.
+    Ragged by design: each segment has its own length, positions and mask; nothing is padded.
+    Returns each segment's logits [n_i, V] (or [1, V])."""
+    w = segments[0].runner.weights
+    layer_ids = segments[0].runner.layer_ids
+    if any(s.runner.weights is not w or s.runner.layer_ids != layer_ids for s in segments):
+        raise ValueError("a batched pass needs runners over the same weights and layers")
+    if len({id(s.runner) for s in segments}) != len(segments):
+        raise ValueError("each sequence may appear once in a batched pass")
+    prepared = [s.runner._prepare(s) for s in segments]  # (cos, sin, mask) each
+    sizes = [len(s.tokens) for s in segments]
+    q_size, kv_size = w.heads * w.head_dim, w.kv_heads * w.head_dim
+    x = w.embed[torch.tensor([t for s in segments for t in s.tokens], dtype=torch.long)]  # [N, hidden]
+    for slot, layer_id in enumerate(layer_ids):
+        layer = w.layers[layer_id]
+        qkv = layer.qkv(rms_norm(x, layer.input_norm, w.eps))  # [N, (H + 2 KV) D]
+        outputs = []
+        for segment, (cos, sin, mask), rows in zip(segments, prepared, qkv.split(sizes)):
+            n = rows.shape[0]
+            q = rows[:, :q_size].view(n, w.heads, w.head_dim).transpose(0, 1)  # [H, n, D]
+            k = rows[:, q_size : q_size + kv_size].view(n, w.kv_heads, w.head_dim).transpose(0, 1)  # [KV, n, D]
+            v = rows[:, q_size + kv_size :].view(n, w.kv_heads, w.head_dim).transpose(0, 1)  # [KV, n, D]
+            outputs.append(segment.runner._attend(slot, rotate(q, cos, sin), rotate(k, cos, sin), v, mask))
+        x = x + layer.o(torch.cat(outputs) if len(outputs) > 1 else outputs[0])
+        gate, up = layer.gate_up(rms_norm(x, layer.post_norm, w.eps)).chunk(2, dim=-1)  # [N, I] each
+        x = x + layer.down(F.silu(gate) * up)
+    rows = []
+    for segment, part in zip(segments, x.split(sizes)):
+        segment.runner._length += len(segment.tokens)
+        rows.append(part if segment.all_logits else part[-1:])
+    logits = w.lm_head(rms_norm(torch.cat(rows), w.norm, w.eps)).float()  # [rows, V]
+    return list(logits.split([r.shape[0] for r in rows]))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
