@@ -1,4 +1,4 @@
-"""`quickdraft generate | bench | analyze`: speculative decoding from the command line."""
+"""`quickdraft generate | bench | serve | analyze`: speculative decoding from the command line."""
 
 from __future__ import annotations
 
@@ -75,6 +75,21 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     bench.add_argument("--output", type=Path, default=Path("bench-out/bench"), help="folder for the outputs")
 
+    serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server with batched speculation")
+    serve.add_argument("--target", help="hub id, folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    serve.add_argument("--draft", help="draft model: hub id, folder or .gguf file")
+    serve.add_argument("--method", choices=list(METHODS), help="default drafting method (requests may choose)")
+    serve.add_argument("--k", type=int, help="default draft tokens per step")
+    serve.add_argument("--model-name", help="the model id clients send (default: the target's name)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
+    serve.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those (then 429)")
+    serve.add_argument("--max-tokens-limit", type=int, default=2048, help="the largest max_tokens accepted")
+    serve.add_argument("--runner", choices=["auto", "native", "hf"], default="auto")
+    serve.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    serve.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+
     analyze = commands.add_parser("analyze", help="expected tokens per pass, predicted speedup, best K")
     analyze.add_argument("--alpha", type=float, help="acceptance rate per draft token")
     analyze.add_argument("--k", type=int, help="draft tokens per step")
@@ -104,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             return _analyze(args)
         if args.command == "bench":
             return _bench(args)
+        if args.command == "serve":
+            return _serve(args)
         return _generate(args)
     except QuickdraftError as error:
         print(f"quickdraft: error: {error}", file=sys.stderr)
@@ -145,6 +162,26 @@ def _bench(args: argparse.Namespace) -> int:
     report = paths["report"].read_text()
     print(report[: report.index("\n## ", report.index("## overall") + 1)].rstrip())  # header + overall table
     print("\nwrote " + ", ".join(str(path) for path in paths.values()))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    import quickdraft
+    from quickdraft.serve import create_app
+
+    _set_threads(args.threads)
+    for flag, value in (("--max-batch", args.max_batch), ("--max-queue", args.max_queue),
+                        ("--max-tokens-limit", args.max_tokens_limit)):
+        if value < 1:
+            raise QuickdraftError(f"{flag} must be >= 1, got {value}")
+    decoder = quickdraft.load(args.target, args.draft, args.method, args.k, runner=args.runner,
+                              precision=args.precision)
+    app = create_app(decoder, args.model_name, args.max_batch, args.max_queue, args.max_tokens_limit)
+    print(f"quickdraft: serving {args.model_name or decoder.target.name} ({decoder.method}, k={decoder.k}) "
+          f"on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
 

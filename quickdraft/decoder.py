@@ -92,6 +92,11 @@ class Decoder:
         self.calibration: dict[int, float] | None = None  # self-spec depth -> tok/s, when calibrated
 
     @property
+    def context_length(self) -> int:
+        """The most tokens (prompt + new) one sequence may hold."""
+        return self._target_runner.max_length
+
+    @property
     def tokenizer(self) -> PreTrainedTokenizerBase | None:
         return self.target.tokenizer
 
@@ -115,9 +120,7 @@ class Decoder:
             if use_chat:
                 if not getattr(tokenizer, "chat_template", None):
                     raise QuickdraftError(f"model {self.target.name!r} has no chat template")
-                messages = [{"role": "user", "content": prompt}]
-                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-                return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+                return self.encode_chat([{"role": "user", "content": prompt}])
             return list(tokenizer(prompt)["input_ids"])
         ids = [int(token) for token in prompt]
         if not ids:
@@ -127,6 +130,19 @@ class Decoder:
         if bad:
             raise QuickdraftError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
         return ids
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Chat messages [{"role", "content"}, ...] -> ids through the model's chat template."""
+        tokenizer = self._require_tokenizer()
+        if not getattr(tokenizer, "chat_template", None):
+            raise QuickdraftError(f"model {self.target.name!r} has no chat template")
+        if not messages:
+            raise QuickdraftError("messages must not be empty")
+        try:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as error:  # jinja raises its own types for messages the template rejects
+            raise QuickdraftError(f"the chat template rejected the messages: {error}") from error
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def start(
         self,
@@ -144,7 +160,7 @@ class Decoder:
         if max_new_tokens < 1:
             raise QuickdraftError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         prompt_ids = self.encode(prompt, chat)
-        limit = self._target_runner.max_length
+        limit = self.context_length
         if len(prompt_ids) + max_new_tokens > limit:
             raise QuickdraftError(
                 f"prompt ({len(prompt_ids)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds "

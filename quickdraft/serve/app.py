@@ -1,0 +1,261 @@
+"""The HTTP server: OpenAI's /v1/completions and /v1/chat/completions over the batch scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from quickdraft.decoder import Decoder, GenerationOutput
+from quickdraft.errors import QuickdraftError
+from quickdraft.methods import get_method
+from quickdraft.serve.metrics import ServerMetrics
+from quickdraft.serve.protocol import (
+    FINISH_REASONS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingRequest,
+    chunk_body,
+    completion_body,
+    error_body,
+    new_id,
+    usage,
+)
+from quickdraft.serve.scheduler import Job, QueueFull, Scheduler, ShuttingDown
+from quickdraft.serve.text import TextStream
+
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+class ApiError(Exception):
+    """An OpenAI-style error answer: status code, message, type, param."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(error_body(self.message, self.kind, self.param, self.code), status_code=self.status)
+
+
+def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int = 8, max_queue: int = 64,
+               max_tokens_limit: int = 2048, drain_seconds: float = 30.0) -> FastAPI:
+    """A FastAPI app serving `decoder`'s target under `model_name` (default: its name).
+
+    max_batch: sequences decoded together; max_queue: requests waiting beyond those (then 429);
+    max_tokens_limit: the largest max_tokens a request may ask for."""
+    name = model_name or decoder.target.name
+    metrics = ServerMetrics()
+    scheduler = Scheduler(decoder, max_batch, max_queue, metrics)
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        scheduler.start()
+        yield
+        await asyncio.to_thread(scheduler.stop, drain_seconds)
+
+    app = FastAPI(title="quickdraft", lifespan=lifespan)
+    app.state.scheduler, app.state.metrics = scheduler, metrics
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ())[1:]) or None
+        message = "request body is not valid JSON" if first.get("type") == "json_invalid" else (
+            f"{where or 'body'}: {first.get('msg', 'invalid value')}")
+        metrics.requests.labels(request.url.path, "400").inc()
+        return ApiError(400, message, param=where).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        metrics.requests.labels(request.url.path, str(error.status_code)).inc()
+        return ApiError(error.status_code, str(error.detail), code=None).response()
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError) -> JSONResponse:
+        metrics.requests.labels(request.url.path, str(error.status)).inc()
+        return error.response()
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": name, "running": scheduler.running, "queued": scheduler.queued}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": created,
+                                            "owned_by": "quickdraft"}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await answer(body, _completion_prompt(decoder, body), chat=False, request=request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:
+            prompt_ids = decoder.encode_chat(messages)
+        except QuickdraftError as error:
+            raise ApiError(400, str(error), param="messages") from error
+        return await answer(body, prompt_ids, chat=True, request=request)
+
+    async def answer(body: SamplingRequest, prompt_ids: list[int], chat: bool, request: Request) -> Response:
+        endpoint = request.url.path
+        arrived = time.perf_counter()
+        job, events = _job(body, prompt_ids, chat)
+        try:
+            scheduler.submit(job)
+        except QueueFull as error:
+            raise ApiError(429, str(error), kind="rate_limit_error") from error
+        except ShuttingDown as error:
+            raise ApiError(503, str(error), kind="server_error") from error
+        metrics.prompt_tokens.inc(len(prompt_ids))
+        request_id = new_id("chatcmpl" if chat else "cmpl")
+        if body.stream:
+            metrics.requests.labels(endpoint, "200").inc()
+            return StreamingResponse(_stream(job, events, request_id, body, chat, endpoint, arrived),
+                                     media_type="text/event-stream")
+        try:
+            first = True
+            while True:
+                kind, payload = await events.get()
+                if kind == "step" and first:
+                    metrics.first_token.labels(endpoint).observe(time.perf_counter() - arrived)
+                    first = False
+                elif kind == "error":
+                    message, status = payload
+                    raise ApiError(status, message, kind="server_error" if status >= 500 else "invalid_request_error")
+                elif kind == "done":
+                    break
+        finally:
+            job.cancelled.set()  # a no-op once finished; frees the slot if the client went away
+        output, served_by = payload
+        metrics.latency.labels(endpoint).observe(time.perf_counter() - arrived)
+        metrics.requests.labels(endpoint, "200").inc()
+        extra = {"usage": usage(len(prompt_ids), len(output.token_ids)), "quickdraft": _stats(output, served_by)}
+        return JSONResponse(completion_body(request_id, name, output.text,
+                                            FINISH_REASONS.get(output.finish_reason), chat, extra))
+
+    async def _stream(job: Job, events: asyncio.Queue, request_id: str, body: SamplingRequest, chat: bool,
+                      endpoint: str, arrived: float) -> AsyncIterator[str]:
+        text = TextStream(decoder.decode, body.stops())
+        try:
+            if chat:  # OpenAI's first chat chunk announces the role
+                yield _sse(chunk_body(request_id, name, "", None, chat, role=True))
+            first = True
+            while True:
+                kind, payload = await events.get()
+                if kind == "error":
+                    message, status = payload
+                    yield _sse(error_body(message, "server_error" if status >= 500 else "invalid_request_error"))
+                    break
+                if kind == "step":
+                    if first:
+                        metrics.first_token.labels(endpoint).observe(time.perf_counter() - arrived)
+                        first = False
+                    piece = text.delta(payload)
+                    if piece:
+                        yield _sse(chunk_body(request_id, name, piece, None, chat))
+                    continue
+                output, served_by = payload
+                piece = text.final(output.text)
+                if piece:
+                    yield _sse(chunk_body(request_id, name, piece, None, chat))
+                yield _sse(chunk_body(request_id, name, None, FINISH_REASONS.get(output.finish_reason), chat,
+                                      extra={"quickdraft": _stats(output, served_by)}))
+                if body.include_usage():
+                    yield _sse(chunk_body(request_id, name, None, None, chat) | {
+                        "choices": [], "usage": usage(len(output.prompt_token_ids), len(output.token_ids))})
+                metrics.latency.labels(endpoint).observe(time.perf_counter() - arrived)
+                break
+            yield "data: [DONE]\n\n"
+        finally:
+            job.cancelled.set()  # client gone mid-stream: the scheduler drops it at the next step
+
+    def _job(body: SamplingRequest, prompt_ids: list[int], chat: bool) -> tuple[Job, asyncio.Queue]:
+        """Validate the request against this server and build its Job with callbacks into a queue."""
+        if body.model != name:
+            raise ApiError(404, f"the model {body.model!r} does not exist; this server has {name!r}",
+                           param="model", code="model_not_found")
+        if body.n != 1:
+            raise ApiError(400, "only n=1 is supported", param="n")
+        limit = decoder.context_length
+        requested = body.max_completion_tokens or body.max_tokens
+        if requested is None:
+            requested = min(max_tokens_limit, limit - len(prompt_ids)) if chat else DEFAULT_COMPLETION_TOKENS
+        if requested < 1:
+            raise ApiError(400, f"max_tokens must be >= 1, got {requested}", param="max_tokens")
+        if requested > max_tokens_limit:
+            raise ApiError(400, f"max_tokens {requested} is over this server's limit of {max_tokens_limit}",
+                           param="max_tokens")
+        if len(prompt_ids) + requested > limit:
+            raise ApiError(400, f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({requested}) exceeds "
+                                f"the context length of {limit} tokens", param="max_tokens",
+                           code="context_length_exceeded")
+        method = body.quickdraft.method if body.quickdraft else None
+        k = body.quickdraft.k if body.quickdraft else None
+        if method is not None:
+            try:
+                spec = get_method(method)
+            except QuickdraftError as error:
+                raise ApiError(400, str(error), param="quickdraft.method") from error
+            if spec.needs_draft_model and decoder.draft is None:
+                raise ApiError(400, f"method {method!r} needs a draft model, which this server has not loaded",
+                               param="quickdraft.method")
+        if any(not stop for stop in body.stops()):
+            raise ApiError(400, "stop strings must not be empty", param="stop")
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def put(kind: str, payload: object) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
+
+        options = dict(temperature=body.temperature, top_k=body.top_k,
+                       top_p=None if body.top_p >= 1.0 else body.top_p,
+                       seed=body.seed if body.seed is not None else secrets.randbits(63), stop=body.stops() or None)
+        job = Job(prompt_ids, requested, options, method, k,
+                  on_step=lambda record, new_tokens: put("step", list(new_tokens)),
+                  on_finish=lambda output, served_by: put("done", (output, served_by)),
+                  on_error=lambda message, status: put("error", (message, status)))
+        return job, events
+
+    return app
+
+
+def _completion_prompt(decoder: Decoder, body: CompletionRequest) -> list[int]:
+    """The completions prompt (text or token ids, one of them) as ids, without a chat template."""
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        if len(prompt) != 1:
+            raise ApiError(400, "one prompt per request is supported", param="prompt")
+        prompt = prompt[0]
+    try:
+        return decoder.encode(prompt, chat=False)
+    except QuickdraftError as error:
+        raise ApiError(400, str(error), param="prompt") from error
+
+
+def _stats(output: GenerationOutput, served_by: Decoder) -> dict:
+    """The request's speculative stats: the `quickdraft` extension field of a response."""
+    s = output.stats
+    return {"method": served_by.method, "k": served_by.k, "target_passes": s.target_passes,
+            "drafted_tokens": s.drafted_tokens, "accepted_tokens": s.accepted_tokens,
+            "acceptance_rate": s.acceptance_rate, "mean_accepted_length": s.mean_accepted_tokens,
+            "tokens_per_second": s.tokens_per_second, "finish_reason": s.finish_reason}
+
+
+def _sse(body: dict) -> str:
+    return f"data: {json.dumps(body)}\n\n"

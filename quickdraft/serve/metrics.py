@@ -1,0 +1,65 @@
+"""Prometheus metrics of one server (its own registry: two servers in a process never mix)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from quickdraft.stats import StepRecord
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
+MAX_POSITIONS = 32  # acceptance is tracked for draft positions 1..32
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = registry = CollectorRegistry()
+        self.requests = Counter("quickdraft_requests", "Requests answered, by endpoint and status code",
+                                ["endpoint", "status"], registry=registry)
+        self.prompt_tokens = Counter("quickdraft_prompt_tokens", "Prompt tokens prefilled", registry=registry)
+        self.generated_tokens = Counter("quickdraft_generated_tokens", "New tokens generated", registry=registry)
+        self.target_passes = Counter("quickdraft_target_passes", "Target passes (steps) over all sequences",
+                                     registry=registry)
+        self.drafted = Counter("quickdraft_drafted_tokens", "Draft tokens proposed", registry=registry)
+        self.accepted = Counter("quickdraft_accepted_tokens", "Draft tokens accepted", registry=registry)
+        self.acceptance_rate = Gauge("quickdraft_acceptance_rate", "Accepted / drafted tokens since start",
+                                     registry=registry)
+        self.mean_accepted_length = Gauge("quickdraft_mean_accepted_length",
+                                          "New tokens per target pass since start", registry=registry)
+        self.drafted_at = Counter("quickdraft_drafted_at_position", "Draft tokens proposed at each draft position",
+                                  ["position"], registry=registry)
+        self.accepted_at = Counter("quickdraft_accepted_at_position", "Draft tokens accepted at each draft position",
+                                   ["position"], registry=registry)
+        self.queue_length = Gauge("quickdraft_queue_length", "Requests waiting for a batch slot", registry=registry)
+        self.active = Gauge("quickdraft_active_sequences", "Sequences being decoded", registry=registry)
+        self.cancelled = Counter("quickdraft_cancelled", "Sequences dropped because their client left",
+                                 registry=registry)
+        self.batch_size = Histogram("quickdraft_batch_size", "Sequences per batched target pass",
+                                    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32), registry=registry)
+        self.latency = Histogram("quickdraft_request_latency_seconds", "Time from arrival to the last token",
+                                 ["endpoint"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.first_token = Histogram("quickdraft_time_to_first_token_seconds", "Time from arrival to the first token",
+                                     ["endpoint"], buckets=LATENCY_BUCKETS, registry=registry)
+        self._totals = [0, 0, 0, 0]  # generated, passes, drafted, accepted: for the two ratios
+
+    def record_step(self, record: StepRecord) -> None:
+        """Count one sequence's target pass (called on the scheduler thread)."""
+        drafted, accepted = len(record.draft_tokens), record.accepted
+        self.target_passes.inc()
+        self.generated_tokens.inc(len(record.emitted))
+        self.drafted.inc(drafted)
+        self.accepted.inc(accepted)
+        for position in range(min(drafted, MAX_POSITIONS)):
+            self.drafted_at.labels(str(position + 1)).inc()
+            if position < accepted:
+                self.accepted_at.labels(str(position + 1)).inc()
+        totals = self._totals
+        totals[0] += len(record.emitted)
+        totals[1] += 1
+        totals[2] += drafted
+        totals[3] += accepted
+        self.mean_accepted_length.set(totals[0] / totals[1])
+        if totals[2]:
+            self.acceptance_rate.set(totals[3] / totals[2])
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

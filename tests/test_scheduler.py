@@ -1,0 +1,111 @@
+"""Continuous batching on tiny models: a sequence's output does not depend on its neighbours."""
+
+import threading
+
+import pytest
+
+from quickdraft.decoder import Decoder
+from quickdraft.serve.scheduler import Job, QueueFull, Scheduler, ShuttingDown
+from tests.conftest import loaded
+
+PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [5, 9, 2], [7, 7, 7, 7, 7, 7, 7, 7], [3, 1, 4, 1, 5, 9, 2, 6], [8, 8, 1]]
+
+
+class Collector:
+    """Job callbacks that record what the scheduler reports."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.steps, self.output, self.error = 0, None, None
+
+    def job(self, prompt, max_new_tokens=20, method=None, k=None, **options) -> Job:
+        return Job(prompt, max_new_tokens, {"temperature": 0.0} | options, method, k,
+                   on_step=self.step, on_finish=self.finish, on_error=self.fail)
+
+    def step(self, record, new_tokens):
+        self.steps += 1
+
+    def finish(self, output, decoder):
+        self.output = output
+        self.done.set()
+
+    def fail(self, message, status):
+        self.error = (message, status)
+        self.done.set()
+
+
+@pytest.fixture()
+def decoder(tiny_target, tiny_draft):
+    return Decoder(loaded(tiny_target, "tiny"), loaded(tiny_draft, "tiny-draft"), "prompt-lookup")
+
+
+@pytest.mark.parametrize("runner", ["native", "hf"])
+def test_batched_sequences_equal_each_alone(tiny_target, tiny_draft, runner):
+    decoder = Decoder(loaded(tiny_target, "tiny"), loaded(tiny_draft, "tiny-draft"), "prompt-lookup",
+                      runner=runner)
+    methods = [("none", None), ("draft", 3), ("prompt-lookup", None), ("lookahead", None), ("draft", 1)]
+    scheduler = Scheduler(decoder, max_batch=3, max_queue=8)  # 5 jobs: some wait, join as others leave
+    collectors = [Collector() for _ in PROMPTS]
+    for collector, prompt, (method, k), length in zip(collectors, PROMPTS, methods, [20, 7, 25, 13, 30]):
+        scheduler.submit(collector.job(prompt, length, method, k))
+    scheduler.start()
+    for collector in collectors:
+        assert collector.done.wait(60)
+    scheduler.stop()
+    for collector, prompt, (method, k), length in zip(collectors, PROMPTS, methods, [20, 7, 25, 13, 30]):
+        alone = decoder.with_method(method, k).generate(prompt, max_new_tokens=length)
+        assert collector.error is None
+        assert collector.output.token_ids == alone.token_ids, (method, k)
+        assert collector.steps == collector.output.stats.target_passes
+    assert scheduler.metrics.batch_size.collect()[0].samples  # batched passes were observed
+
+
+def test_sampled_sequences_follow_their_own_seed(decoder):
+    scheduler = Scheduler(decoder, max_batch=4)
+    collectors = [Collector() for _ in range(3)]
+    for seed, collector in enumerate(collectors):
+        scheduler.submit(collector.job(PROMPTS[seed], 15, "draft", 2, temperature=1.0, seed=seed))
+    scheduler.start()
+    assert all(c.done.wait(60) for c in collectors)
+    scheduler.stop()
+    for seed, collector in enumerate(collectors):
+        alone = decoder.with_method("draft", 2).generate(PROMPTS[seed], 15, temperature=1.0, seed=seed)
+        assert collector.output.token_ids == alone.token_ids
+
+
+def test_a_cancelled_job_leaves_and_the_others_finish(decoder):
+    scheduler = Scheduler(decoder, max_batch=2)
+    leaving, staying = Collector(), Collector()
+    job = leaving.job(PROMPTS[0], 200)
+    original_step = leaving.step
+
+    def cancel_after_three(record, new_tokens):
+        original_step(record, new_tokens)
+        if leaving.steps == 3:
+            job.cancelled.set()
+
+    job.on_step = cancel_after_three
+    scheduler.submit(job)
+    scheduler.submit(staying.job(PROMPTS[1], 30))
+    scheduler.start()
+    assert staying.done.wait(60)
+    scheduler.stop()
+    assert leaving.output is None and leaving.steps == 3
+    assert scheduler.running == 0
+    assert scheduler.metrics.cancelled._value.get() == 1
+
+
+def test_bad_jobs_fail_alone_and_the_queue_is_bounded(decoder):
+    scheduler = Scheduler(decoder, max_batch=1, max_queue=2)
+    bad, good = Collector(), Collector()
+    scheduler.submit(bad.job([1, 2], 10, temperature=-1.0))
+    scheduler.submit(good.job([1, 2], 10))
+    with pytest.raises(QueueFull):
+        scheduler.submit(Collector().job([1], 5))
+    scheduler.start()
+    assert bad.done.wait(30) and good.done.wait(30)
+    assert bad.error[1] == 400 and "temperature" in bad.error[0]
+    assert good.output is not None
+    scheduler.stop()
+    with pytest.raises(ShuttingDown):
+        scheduler.submit(Collector().job([1], 5))
