@@ -3,49 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import socket
 import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 import quickdraft
 from quickdraft.serve import create_app
+from quickdraft.serve.background import BackgroundServer
 
 pytestmark = pytest.mark.integration
 PROMPT = "Write a Python function that checks whether a number is prime."
 
 
-class Server:
-    """uvicorn on a free localhost port, in a thread of this process."""
-
-    def __init__(self, app) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.05)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
+class Server(BackgroundServer):
     def client(self, **options) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, **options)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(60)
 
 
 @pytest.fixture(scope="module")

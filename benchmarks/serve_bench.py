@@ -1,0 +1,115 @@
+"""Server load: requests/s and tokens/s at several concurrencies, speculation on and off.
+
+Starts `quickdraft serve`'s app in this process on a free port (the embedded default target),
+then for each method and concurrency C runs C client workers, each sending its share of the
+requests one after another as streaming chat completions (greedy) through the official
+openai client. Prompts: Spec-Bench questions taken from each category in turn. Figures are over
+the whole wall time of each (method, C) run.
+
+    python benchmarks/serve_bench.py --output bench-out/serve
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import statistics
+import time
+from datetime import date
+from pathlib import Path
+
+import openai
+from tqdm import tqdm
+
+import quickdraft
+from quickdraft.bench.prompts import default_prompt_file, load_prompts
+from quickdraft.bench.report import machine
+from quickdraft.serve import create_app
+from quickdraft.serve.background import BackgroundServer
+
+
+async def run_load(url: str, model: str, prompts: list[str], concurrency: int, method: str,
+                   max_tokens: int) -> dict:
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    queue = list(prompts)
+    latencies, first_tokens, tokens = [], [], 0
+
+    async def worker() -> None:
+        nonlocal tokens
+        while queue:
+            prompt = queue.pop()
+            start = time.perf_counter()
+            stream = await client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
+                stream=True, stream_options={"include_usage": True}, extra_body={"quickdraft": {"method": method}})
+            first = None
+            async for chunk in stream:
+                if first is None and chunk.choices and chunk.choices[0].delta.content:
+                    first = time.perf_counter() - start
+                if chunk.usage is not None:
+                    tokens += chunk.usage.completion_tokens
+            latencies.append(time.perf_counter() - start)
+            first_tokens.append(first or latencies[-1])
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    await client.close()
+    return {"requests": len(prompts), "tokens": tokens, "seconds": wall, "requests_per_second": len(prompts) / wall,
+            "tokens_per_second": tokens / wall, "median_latency": statistics.median(latencies),
+            "median_first_token": statistics.median(first_tokens)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--methods", nargs="+", default=["none", "prompt-lookup"])
+    parser.add_argument("--requests", type=int, default=16, help="requests per (method, concurrency) run")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--output", type=Path, default=Path("bench-out/serve"))
+    args = parser.parse_args()
+
+    decoder = quickdraft.load(method="prompt-lookup", precision=args.precision)
+    source = default_prompt_file()
+    by_category: dict[str, list[str]] = {}
+    for prompt in load_prompts(source, per_category=args.requests):
+        by_category.setdefault(prompt.category, []).append(prompt.text)
+    rounds = itertools.zip_longest(*by_category.values())  # every category in turn
+    prompts = [text for round_ in rounds for text in round_ if text is not None][: args.requests]
+    server = BackgroundServer(create_app(decoder, max_batch=max(args.concurrency), max_queue=64,
+                                         max_tokens_limit=args.max_tokens))
+    model = decoder.target.name
+    try:
+        asyncio.run(run_load(server.url, model, prompts[:2], 2, "none", min(8, args.max_tokens)))  # warm-up
+        results = {}
+        cases = [(c, m) for c in args.concurrency for m in args.methods]
+        for concurrency, method in tqdm(cases, desc="load", unit="run"):
+            results[(method, concurrency)] = asyncio.run(
+                run_load(server.url, model, prompts, concurrency, method, args.max_tokens))
+    finally:
+        server.stop()
+
+    lines = [f"Target: {model} ({args.precision}); {len(prompts)} streaming chat requests per run (greedy, "
+             f"max_tokens {args.max_tokens}, prompts from {source or 'the built-in set'}); max batch "
+             f"{max(args.concurrency)}; {date.today()}; {machine()}.", "",
+             "| concurrency | method | requests/s | tokens/s | median latency s | median first token s "
+             "| tokens/s vs none |", "|---|---|---|---|---|---|---|"]
+    for concurrency in args.concurrency:
+        base = results.get(("none", concurrency))
+        for method in args.methods:
+            r = results[(method, concurrency)]
+            ratio = f"{r['tokens_per_second'] / base['tokens_per_second']:.2f}x" if base else ""
+            lines.append(f"| {concurrency} | {method} | {r['requests_per_second']:.2f} | {r['tokens_per_second']:.1f} "
+                         f"| {r['median_latency']:.2f} | {r['median_first_token']:.2f} | {ratio} |")
+    report = "\n".join(lines)
+    print(report)
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "report.md").write_text(report + "\n")
+    (args.output / "raw.json").write_text(json.dumps({f"{m}|{c}": r for (m, c), r in results.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
