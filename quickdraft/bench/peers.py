@@ -74,8 +74,10 @@ class LlamaCpp:
         self.name = (f"llama.cpp prompt lookup num_pred_tokens={PROMPT_LOOKUP_TOKENS}" if prompt_lookup
                      else "llama.cpp")
         draft = LlamaPromptLookupDecoding(num_pred_tokens=PROMPT_LOOKUP_TOKENS) if prompt_lookup else None
+        # logits_all with a draft model: llama-cpp-python 0.3.36 sizes its logits buffer from this
+        # argument, and overflows it on prompts over 512 tokens when it is left False.
         self.llm = Llama(model_path=str(gguf), n_ctx=context, n_threads=torch.get_num_threads(),
-                         draft_model=draft, verbose=False)
+                         draft_model=draft, logits_all=prompt_lookup, verbose=False)
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> RunRecord:
         self.llm.reset()  # no prefix reuse between runs: every contender prefills

@@ -221,7 +221,10 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
         events: asyncio.Queue = asyncio.Queue()
 
         def put(kind: str, payload: object) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, (kind, payload))
+            except RuntimeError:  # the event loop is closed (shutdown): nobody is listening any more
+                job.cancelled.set()
 
         options = dict(temperature=body.temperature, top_k=body.top_k,
                        top_p=None if body.top_p >= 1.0 else body.top_p,
