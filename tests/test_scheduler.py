@@ -1,6 +1,7 @@
 """Continuous batching on tiny models: a sequence's output does not depend on its neighbours."""
 
 import threading
+import time
 
 import pytest
 
@@ -109,3 +110,19 @@ def test_bad_jobs_fail_alone_and_the_queue_is_bounded(decoder):
     scheduler.stop()
     with pytest.raises(ShuttingDown):
         scheduler.submit(Collector().job([1], 5))
+
+
+def test_stopping_past_its_drain_time_tells_the_unfinished_jobs(decoder):
+    scheduler = Scheduler(decoder, max_batch=1, max_queue=4)
+    running, waiting = Collector(), Collector()
+    scheduler.submit(running.job(PROMPTS[0], 200))
+    scheduler.submit(waiting.job(PROMPTS[1], 200))
+    scheduler.start()
+    deadline = time.monotonic() + 30
+    while running.steps == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    scheduler.stop(timeout=0)
+    assert running.error == ("the server shut down before this request finished", 503)
+    assert waiting.error[1] == 503 and waiting.output is None
+    assert not scheduler._thread.is_alive()

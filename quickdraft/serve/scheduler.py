@@ -85,6 +85,8 @@ class Scheduler:
             time.sleep(0.05)
         with self._lock:
             for job in [*self._waiting, *(a.job for a in self._active)]:
+                if not job.cancelled.is_set():
+                    job.on_error("the server shut down before this request finished", 503)
                 job.cancelled.set()
             self._lock.notify_all()
         if self._thread.is_alive():
