@@ -18,7 +18,7 @@ from quickdraft.drafters.base import Draft, Drafter
 from quickdraft.models.runner import Runner
 from quickdraft.sampling import SamplingParams
 from quickdraft.stats import Stats, StepRecord
-from quickdraft.tree import chain_parents, pass_layout
+from quickdraft.tree import chain_parents, depths, pass_layout
 from quickdraft.verify import Verdict, verify, verify_tree
 
 StopCheck = Callable[[list[int]], bool]  # new token ids -> True when a stop string appeared
@@ -133,6 +133,7 @@ class Generation:
             emitted=emitted,
             draft_time=plan.drafted - plan.started,
             verify_time=verified - plan.drafted,
+            tree_depth=None if draft.parents is None else max(depths(draft.parents), default=0),
         )
         self.steps.append(record)
         self.stats.add_step(record)

@@ -17,6 +17,13 @@ class StepRecord:
     emitted: list[int]  # tokens this step added to the output (cut at a stop condition)
     draft_time: float  # seconds spent drafting
     verify_time: float  # seconds in the target pass and the rejection sampler
+    tree_depth: int | None = None  # deepest draft node when the draft was a tree (None: a chain)
+
+    @property
+    def draft_positions(self) -> int:
+        """Positions drafted: K for a chain, the depth for a tree (whose accepted path has one
+        node per depth), so acceptance by position means the same for both."""
+        return len(self.draft_tokens) if self.tree_depth is None else self.tree_depth
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -36,8 +43,8 @@ class Stats:
     verify_time: float = 0.0
     wall_time: float = 0.0
     finish_reason: str = ""
-    accepted_by_position: list[int] = field(default_factory=list)  # accepted count at draft slot i
-    drafted_by_position: list[int] = field(default_factory=list)  # drafted count at draft slot i
+    accepted_by_position: list[int] = field(default_factory=list)  # accepted count at draft position i
+    drafted_by_position: list[int] = field(default_factory=list)  # drafts reaching position i (tree: depth)
 
     @property
     def acceptance_rate(self) -> float:
@@ -61,7 +68,7 @@ class Stats:
         self.accepted_tokens += step.accepted
         self.draft_time += step.draft_time
         self.verify_time += step.verify_time
-        for position in range(len(step.draft_tokens)):
+        for position in range(step.draft_positions):
             if position == len(self.drafted_by_position):
                 self.drafted_by_position.append(0)
                 self.accepted_by_position.append(0)

@@ -64,6 +64,12 @@ def test_lookahead_greedy_equals_plain(tiny_target, window, ngram, candidates, k
         out = spec.generate(prompt, max_new_tokens=45)
         assert out.token_ids == plain.generate(prompt, max_new_tokens=45).token_ids
         accepted += out.stats.accepted_tokens
+        # Acceptance by position counts tree depths: one accepted node per depth on the path.
+        s = out.stats
+        assert sum(s.accepted_by_position) == s.accepted_tokens
+        assert len(s.drafted_by_position) <= min(k, ngram - 1)
+        assert all(d <= s.target_passes for d in s.drafted_by_position)
+        assert all(a <= d for a, d in zip(s.accepted_by_position, s.drafted_by_position))
     assert accepted > 0, "the pool must produce n-grams that get accepted"
 
 

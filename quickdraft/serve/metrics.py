@@ -44,11 +44,12 @@ class ServerMetrics:
     def record_step(self, record: StepRecord) -> None:
         """Count one sequence's target pass (called on the scheduler thread)."""
         drafted, accepted = len(record.draft_tokens), record.accepted
+        positions = record.draft_positions
         self.target_passes.inc()
         self.generated_tokens.inc(len(record.emitted))
         self.drafted.inc(drafted)
         self.accepted.inc(accepted)
-        for position in range(min(drafted, MAX_POSITIONS)):
+        for position in range(min(positions, MAX_POSITIONS)):
             self.drafted_at.labels(str(position + 1)).inc()
             if position < accepted:
                 self.accepted_at.labels(str(position + 1)).inc()
