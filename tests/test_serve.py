@@ -39,11 +39,14 @@ def test_models_health_and_metrics(server, decoder):
     models = server.client().models.list()
     assert [m.id for m in models.data] == [decoder.target.name]
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
-    server.client().completions.create(model=decoder.target.name, prompt="Hello", max_tokens=4, temperature=0)
+    # The prompt repeats itself, so prompt lookup finds a match and drafts at once.
+    server.client().completions.create(model=decoder.target.name, prompt="red green blue red green blue red green",
+                                       max_tokens=4, temperature=0)
     metrics = httpx.get(server.url + "/metrics").text
     for name in ("quickdraft_requests_total", "quickdraft_target_passes_total", "quickdraft_drafted_tokens_total",
                  "quickdraft_accepted_tokens_total", "quickdraft_acceptance_rate",
-                 "quickdraft_mean_accepted_length", "quickdraft_queue_length",
+                 "quickdraft_mean_accepted_length", "quickdraft_queue_length", "quickdraft_batch_size_bucket",
+                 'quickdraft_drafted_at_position_total{position="1"}', "quickdraft_generated_tokens_total",
                  "quickdraft_request_latency_seconds_bucket", "quickdraft_time_to_first_token_seconds_bucket"):
         assert name in metrics
 
