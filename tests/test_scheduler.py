@@ -126,3 +126,15 @@ def test_stopping_past_its_drain_time_tells_the_unfinished_jobs(decoder):
     assert running.error == ("the server shut down before this request finished", 503)
     assert waiting.error[1] == 503 and waiting.output is None
     assert not scheduler._thread.is_alive()
+
+
+def test_a_job_with_an_unknown_method_fails_alone(decoder):
+    scheduler = Scheduler(decoder, max_batch=2)
+    bad, good = Collector(), Collector()
+    scheduler.submit(bad.job([1, 2], 5, method="telepathy"))
+    scheduler.submit(good.job([1, 2], 5))
+    scheduler.start()
+    assert bad.done.wait(30) and good.done.wait(30)
+    scheduler.stop()
+    assert bad.error[1] == 400 and "unknown method" in bad.error[0]
+    assert good.output is not None

@@ -153,10 +153,13 @@ class Scheduler:
             key = (job.method or self.decoder.method, job.k)
             try:
                 decoder = self._decoder_for(key)
+            except QuickdraftError as error:  # e.g. an unknown method
+                job.on_error(str(error), 400)
+                continue
+            try:
                 generation = decoder.start(job.prompt_ids, job.max_new_tokens, **job.options)  # prefill
             except (QuickdraftError, ValueError) as error:
-                if "decoder" in locals():
-                    self._release(decoder, key)
+                self._release(decoder, key)
                 job.on_error(str(error), 400)
                 continue
             self._active.append(_Active(job, decoder, generation, key))
