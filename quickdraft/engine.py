@@ -34,6 +34,7 @@ class PassPlan:
     inputs: list[int]  # [newest token, draft tokens..., aux tokens...]
     positions: list[int] | None  # explicit positions for trees and aux tokens (None: consecutive)
     mask: torch.Tensor | None  # [n, cached + n] for trees and aux tokens (None: causal)
+    parents: list[int] | None  # the draft as a tree (chains with aux tokens too); None: a plain chain
     started: float
     drafted: float
 
@@ -104,17 +105,17 @@ class Generation:
         draft = self.drafter.propose(self.tokens, k, self.sampling, self.generator)
         inputs = [self.tokens[-1], *draft.tokens, *draft.aux_tokens]
         if draft.is_chain:  # the runner's causal default
-            return PassPlan(k, root, draft, inputs, None, None, start, time.perf_counter())
+            return PassPlan(k, root, draft, inputs, None, None, None, start, time.perf_counter())
         parents = draft.parents if draft.parents is not None else chain_parents(len(draft.tokens))
         mask, offsets = pass_layout(parents, draft.aux_offsets, draft.aux_mask)  # [n, n], [n]
         cached = torch.ones(len(inputs), self.target.length, dtype=torch.bool)  # the prefix
         return PassPlan(k, root, draft, inputs, [root + o for o in offsets], torch.cat([cached, mask], dim=1),
-                        start, time.perf_counter())
+                        parents, start, time.perf_counter())
 
     def complete(self, plan: PassPlan, logits: torch.Tensor) -> StepRecord:
         """Verify the draft with the target's logits [n, V] for plan.inputs; accept, roll back, emit."""
         draft, root = plan.draft, plan.root
-        verdict = self._verify(draft, logits)
+        verdict = self._verify(plan, logits)
         verified = time.perf_counter()
 
         proposed = [*(draft.tokens[i] for i in verdict.path), verdict.next_token]
@@ -143,12 +144,12 @@ class Generation:
             self.stats.finish_reason = self.finish_reason
         return record
 
-    def _verify(self, draft: Draft, logits: torch.Tensor) -> Verdict:
+    def _verify(self, plan: PassPlan, logits: torch.Tensor) -> Verdict:
         """The rejection sampler over the pass's logits (chain, or tree + aux tokens)."""
-        if draft.is_chain:
+        draft, parents = plan.draft, plan.parents
+        if parents is None:
             draft_tokens = torch.tensor(draft.tokens, dtype=torch.long)  # [K]
             return verify(draft_tokens, draft.probs, logits, self.sampling, self.generator)
-        parents = draft.parents if draft.parents is not None else chain_parents(len(draft.tokens))
         if draft.aux_tokens:
             self.drafter.observe(logits[len(draft.tokens) + 1 :])
         return verify_tree(draft.tokens, parents, logits[: len(draft.tokens) + 1], self.sampling, self.generator)
