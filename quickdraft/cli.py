@@ -11,6 +11,7 @@ from quickdraft.analysis import best_k, expected_tokens_per_pass, predicted_spee
 from quickdraft.draft_length import DRAFT_LENGTHS
 from quickdraft.errors import QuickdraftError
 from quickdraft.methods import METHODS
+from quickdraft.models.precision import PRECISIONS
 
 DEMO_PROMPT = "Write a Python function that checks whether a number is prime."
 
@@ -46,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="draft model: stop drafting when its top probability falls below this")
     gen.add_argument("--runner", choices=["auto", "native", "hf"], default="auto",
                      help="native (Llama, Mistral, Qwen2) or transformers; auto picks native when supported")
-    gen.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                     help="native runner weights and activations (bf16 where the CPU has fast bf16)")
+    gen.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
+                     help="native runner: fp32, bf16 (weights and activations), int8 (per-channel weights) "
+                          "or int4 (groups of 32; a GGUF's own 4-bit blocks); int8/int4 compute in bf16")
     gen.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                      help="apply the chat template (default: when the model has one)")
@@ -71,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-peers", action="store_true", help="leave out transformers and llama.cpp")
     bench.add_argument("--quick", action="store_true", help="1 prompt per category, 48 tokens: a few minutes")
     bench.add_argument("--runner", choices=["auto", "native", "hf"], default="auto")
-    bench.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    bench.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
     bench.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     bench.add_argument("--output", type=Path, default=Path("bench-out/bench"), help="folder for the outputs")
 
@@ -87,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those (then 429)")
     serve.add_argument("--max-tokens-limit", type=int, default=2048, help="the largest max_tokens accepted")
     serve.add_argument("--runner", choices=["auto", "native", "hf"], default="auto")
-    serve.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    serve.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
     serve.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
 
     analyze = commands.add_parser("analyze", help="expected tokens per pass, predicted speedup, best K")

@@ -288,8 +288,10 @@ def load(
     the starting K, varied per step up to k_max. draft_length: "fixed", "adaptive" or "cost"
     (default per method: "cost" for prompt lookup, else "fixed").
     runner: "auto" (the native runner for Llama, Mistral and Qwen2 models, else transformers),
-    "native" or "hf". precision: "fp32" or "bf16" (native runner: weights and activations in
-    bfloat16, norms and logits in fp32).
+    "native" or "hf". precision (native runner): "fp32"; "bf16" (weights and activations in
+    bfloat16, norms and logits in fp32); "int8" (per-channel int8 weights) or "int4" (groups of
+    32 with scale and zero; a GGUF file's own Q4_0/Q4_1 blocks as they are), both with bf16
+    activations.
     drafter_options: max_ngram and min_ngram (prompt lookup), confidence (draft models stop
     drafting when their top probability falls below it), layers (self-spec: the first L
     layers, a list of layers to keep, or "auto" to calibrate).

@@ -118,7 +118,7 @@ def test_native_weights_are_extracted_once_per_model(tiny_target):
 def test_bf16_logits_stay_close_to_fp32(tiny_target):
     tokens = [5, 1, 4, 1, 5, 9, 2, 6, 5, 3]
     fp32 = NativeRunner(NativeWeights.from_model(tiny_target))
-    bf16 = NativeRunner(NativeWeights.from_model(tiny_target, torch.bfloat16))
+    bf16 = NativeRunner(NativeWeights.from_model(tiny_target, "bf16"))
     for runner in (fp32, bf16):
         runner.reset()
     a, b = fp32.forward(tokens), bf16.forward(tokens)

@@ -38,8 +38,9 @@ class LoadedModel:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase | None
     name: str
-    native: dict = field(default_factory=dict)  # dtype -> NativeWeights, extracted on first use
+    native: dict = field(default_factory=dict)  # precision name -> NativeWeights, extracted on first use
     gguf: Path | None = None  # the GGUF file it came from, if any (llama.cpp can run the same file)
+    converted: Path | None = None  # the cache folder of its converted weights, if any
 
 
 def default_cache_dir() -> Path:
@@ -119,7 +120,7 @@ def _load_gguf(path: Path, cache: Path, dtype: torch.dtype) -> LoadedModel:
     if not (converted / "model.safetensors").is_file():
         _convert_gguf(path, converted)
     loaded = _from_pretrained(str(converted), dtype, path.stem)
-    loaded.gguf = path
+    loaded.gguf, loaded.converted = path, converted
     return loaded
 
 

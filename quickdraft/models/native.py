@@ -16,6 +16,11 @@ from transformers import PreTrainedModel
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.linear import PackedLinear
+from quickdraft.models.precision import Precision, get_precision
+from quickdraft.models.quantize import Int4Weight, stack_int4
+from quickdraft.models.quantized_linear import Int4Linear, Int8Linear, quantized_linear
+
+Linear = PackedLinear | Int8Linear | Int4Linear
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 
@@ -23,11 +28,11 @@ SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
-    qkv: PackedLinear  # [(heads + 2 * kv_heads) * head_dim, hidden]: q, k, v fused (+ Qwen2's biases)
-    o: PackedLinear  # [hidden, heads * head_dim]
+    qkv: Linear  # [(heads + 2 * kv_heads) * head_dim, hidden]: q, k, v fused (+ Qwen2's biases)
+    o: Linear  # [hidden, heads * head_dim]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: PackedLinear  # [2 * intermediate, hidden]: gate and up projections fused
-    down: PackedLinear  # [hidden, intermediate]
+    gate_up: Linear  # [2 * intermediate, hidden]: gate and up projections fused
+    down: Linear  # [hidden, intermediate]
 
 
 @dataclass
@@ -37,7 +42,7 @@ class NativeWeights:
     embed: torch.Tensor  # [V, hidden]
     layers: list[LayerWeights]
     norm: torch.Tensor  # [hidden]
-    lm_head: PackedLinear  # [V, hidden]
+    lm_head: Linear  # [V, hidden]
     inv_freq: torch.Tensor  # [head_dim / 2] rotary frequencies (any HF rope scaling already applied)
     rope_scale: float  # HF's attention_scaling of cos and sin
     eps: float
@@ -45,37 +50,50 @@ class NativeWeights:
     kv_heads: int
     head_dim: int
     max_length: int
-    dtype: torch.dtype
+    dtype: torch.dtype  # of activations, norms and the KV cache
+    precision: str = "fp32"
 
     @classmethod
-    def from_model(cls, model: PreTrainedModel, dtype: torch.dtype | None = None,
-                   pack: bool = True) -> NativeWeights:
-        """`pack=False` keeps plain weights (F.linear), which torch.compile can trace."""
+    def from_model(cls, model: PreTrainedModel, precision: str | Precision = "fp32", pack: bool = True,
+                   int4_blocks: dict[str, Int4Weight] | None = None) -> NativeWeights:
+        """`pack=False` keeps plain dense weights (F.linear), which torch.compile can trace.
+        `int4_blocks`: a GGUF file's own 4-bit blocks by parameter name, used as they are."""
         config = model.config
         if not supports(model):
             raise QuickdraftError(f"the native runner supports {', '.join(SUPPORTED_ARCHITECTURES)}, "
                                   f"not {config.model_type!r}")
-        dtype = dtype or model.dtype
+        precision = get_precision(precision) if isinstance(precision, str) else precision
+        dtype = precision.dtype
         inner = model.model
+        names = {id(module): name for name, module in model.named_modules()}
+        blocks = int4_blocks if precision.weights == "int4" and int4_blocks else {}
 
         def cast(tensor: torch.Tensor) -> torch.Tensor:
             return tensor.detach().to(dtype).contiguous()
 
-        def linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:
-            return PackedLinear(weight, bias, pack)
+        def linear(modules: list[torch.nn.Module], requantize_as: str = precision.weights) -> Linear:
+            """One layer for the modules' weights fused along outputs (and their biases, if all have
+            one). Quantized: the file's 4-bit blocks when it has them, else `requantize_as`."""
+            weight = torch.cat([m.weight.detach() for m in modules]) if len(modules) > 1 else modules[0].weight.detach()
+            biases = [m.bias for m in modules]
+            bias = cast(torch.cat(biases)) if all(b is not None for b in biases) else None
+            if precision.weights == "dense":
+                return PackedLinear(cast(weight), bias, pack)
+            found = [blocks.get(f"{names[id(m)]}.weight") for m in modules]
+            if all(b is not None for b in found):
+                return quantized_linear(weight, bias, "int4", dtype, stack_int4(found))
+            return quantized_linear(weight.float(), bias, requantize_as, dtype)
 
         layers = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
             layers.append(LayerWeights(
                 input_norm=cast(layer.input_layernorm.weight),
-                qkv=linear(cast(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
-                           cast(torch.cat(biases)) if all(b is not None for b in biases) else None),
-                o=linear(cast(attn.o_proj.weight)),
+                qkv=linear([attn.q_proj, attn.k_proj, attn.v_proj]),
+                o=linear([attn.o_proj]),
                 post_norm=cast(layer.post_attention_layernorm.weight),
-                gate_up=linear(cast(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))),
-                down=linear(cast(mlp.down_proj.weight)),
+                gate_up=linear([mlp.gate_proj, mlp.up_proj]),
+                down=linear([mlp.down_proj]),
             ))
         rotary = inner.rotary_emb
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -84,11 +102,15 @@ class NativeWeights:
         if window and getattr(config, "use_sliding_window", True):
             max_length = min(max_length, int(window))  # beyond the window the model attends differently
         embed = cast(inner.embed_tokens.weight)
-        head = model.get_output_embeddings().weight
-        lm_head = linear(embed if head is inner.embed_tokens.weight else cast(head))  # tied: shared
+        head = model.get_output_embeddings()
+        tied = head.weight is inner.embed_tokens.weight and precision.weights == "dense"
+        # The head's error goes straight into the logits: rounding it to 4 bits from scratch raised
+        # the default target's KL from fp32 from 0.004 (int8 head) to 0.066, so it gets int8.
+        lm_head = PackedLinear(embed, None, pack) if tied else linear([head], requantize_as="int8")
         return cls(embed, layers, cast(inner.norm.weight), lm_head, rotary.inv_freq.detach().float(),
                    float(getattr(rotary, "attention_scaling", 1.0)), float(config.rms_norm_eps),
-                   config.num_attention_heads, config.num_key_value_heads, head_dim, max_length, dtype)
+                   config.num_attention_heads, config.num_key_value_heads, head_dim, max_length, dtype,
+                   precision.name)
 
 
 def supports(model: PreTrainedModel) -> bool:
@@ -109,8 +131,8 @@ class NativeRunner:
         self.weights = weights
         self.layer_ids = list(range(len(weights.layers))) if layers is None else list(layers)
         self._length = 0
-        self._keys: torch.Tensor | None = None  # [layers, kv_heads, capacity, head_dim]
-        self._values: torch.Tensor | None = None
+        self._keys: torch.Tensor | None = None  # [layers, kv_heads, capacity, head_dim] (fp32)
+        self._values: torch.Tensor | None = None  # the same (+ a ones column below fp32)
         self._cos: torch.Tensor | None = None  # [capacity, head_dim]
         self._sin: torch.Tensor | None = None
 
@@ -134,10 +156,18 @@ class NativeRunner:
         capacity = 0 if self._keys is None else self._keys.shape[2]
         if needed <= capacity:
             return
-        new_capacity = min(self.max_length, max(needed, 2 * capacity, 256))
+        new_capacity = attention_bucket(needed, self.max_length)
         w = self.weights
         shape = (len(self.layer_ids), w.kv_heads, new_capacity, w.head_dim)
-        keys, values = torch.empty(shape, dtype=w.dtype), torch.empty(shape, dtype=w.dtype)
+        if w.dtype == torch.float32:
+            keys, values = torch.empty(shape), torch.empty(shape)
+        else:
+            # fp32 even for bf16 activations (the matmuls below are fp32). Zeros: attention reads
+            # whole buckets with unwritten entries masked, and 0 weight times a NaN is still NaN.
+            # Each value is followed by a 1: the softmax sum's column.
+            keys = torch.zeros(shape)
+            values = torch.ones(shape[:-1] + (w.head_dim + 1,))
+            values[..., : w.head_dim] = 0
         if self._keys is not None:
             keys[:, :, : self._length] = self._keys[:, :, : self._length]
             values[:, :, : self._length] = self._values[:, :, : self._length]
@@ -157,8 +187,8 @@ class NativeRunner:
     ) -> torch.Tensor:
         return forward_batch([Segment(self, tokens, all_logits, positions, mask)])[0]
 
-    def _prepare(self, segment: Segment) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Cache room, then rotary rows [n, D] x2 and the attention mask [1, 1, n, start + n] (or None)."""
+    def _prepare(self, segment: Segment) -> tuple[torch.Tensor, torch.Tensor, Attention]:
+        """Cache room, then rotary rows [n, D] x2 and what attention needs (see Attention)."""
         n, start = len(segment.tokens), self._length
         if start + n > self.max_length:
             raise ValueError(f"cache would exceed the context length {self.max_length}")
@@ -170,19 +200,29 @@ class NativeRunner:
         if mask is None and n > 1:
             # Causal: token i sees the cache and the new tokens up to itself.
             mask = torch.ones(n, start + n, dtype=torch.bool).tril(diagonal=start)
-        return self._cos[position_ids], self._sin[position_ids], None if mask is None else mask[None, None]
+        if self.weights.dtype == torch.float32:
+            attention = Attention(start + n, None if mask is None else mask[None, None], [])
+        else:
+            attention = Attention(start + n, None, row_groups(start, n, mask, self.max_length))
+        return self._cos[position_ids], self._sin[position_ids], attention
 
     def _attend(self, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                mask: torch.Tensor | None) -> torch.Tensor:
+                attention: Attention) -> torch.Tensor:
         """Write k, v [KV, n, D] at the cache's end, attend with q [H, n, D] -> [n, H * D]."""
         w, n, start = self.weights, q.shape[1], self._length
         self._keys[slot, :, start : start + n] = k
-        self._values[slot, :, start : start + n] = v
-        keys = self._keys[slot, :, : start + n]  # [KV, start + n, D]
-        values = self._values[slot, :, : start + n]
-        attn = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
-                                              enable_gqa=w.heads != w.kv_heads)  # [1, H, n, D]
-        return attn[0].transpose(0, 1).reshape(n, w.heads * w.head_dim)
+        self._values[slot, :, start : start + n, : w.head_dim] = v
+        if not attention.groups:
+            keys = self._keys[slot, :, : start + n]  # [KV, start + n, D]
+            values = self._values[slot, :, : start + n]
+            attn = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=attention.mask,
+                                                  enable_gqa=w.heads != w.kv_heads)[0]  # [H, n, D]
+        else:
+            parts = [row_invariant_attention(q[:, g.rows], self._keys[slot, :, : g.length],
+                                             self._values[slot, :, : g.length], g.visible)
+                     for g in attention.groups]
+            attn = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+        return attn.transpose(0, 1).reshape(n, w.heads * w.head_dim)
 
     def truncate(self, length: int) -> None:
         self._length = min(self._length, length)  # rollback is a pointer move
@@ -197,6 +237,50 @@ class NativeRunner:
         self._keys[:, :, :kept] = self._keys[:, :, index]  # gather first, then write: no aliasing
         self._values[:, :, :kept] = self._values[:, :, index]
         self._length = kept
+
+
+@dataclass
+class RowGroup:
+    """Rows of a pass that attend over the same bucket of keys."""
+
+    rows: slice
+    length: int  # keys read: a bucket length, the one a one-token pass at these rows' positions reads
+    visible: torch.Tensor  # [rows, length] bool
+
+
+@dataclass
+class Attention:
+    """What one sequence's attention needs in a pass: fp32 runners use SDPA with `mask`
+    [1, 1, n, keys] (None: all visible); low-precision runners use row-invariant `groups`."""
+
+    keys: int
+    mask: torch.Tensor | None
+    groups: list[RowGroup]
+
+
+def attention_bucket(needed: int, max_length: int) -> int:
+    """Keys a pass reads for a row that needs `needed`: a power of two (at least 256, at most the
+    context), so a token reads the same keys whichever pass computes it."""
+    return min(max_length, max(256, 1 << (needed - 1).bit_length()))
+
+
+def row_groups(start: int, n: int, mask: torch.Tensor | None, max_length: int) -> list[RowGroup]:
+    """Split a pass's rows (cache indices start..start+n-1) by the bucket each row's own
+    one-token pass would read; usually one group. mask [n, start + n] or None (all visible)."""
+    groups, first = [], 0
+    buckets = [attention_bucket(start + i + 1, max_length) for i in range(n)]
+    for i in range(1, n + 1):
+        if i == n or buckets[i] != buckets[first]:
+            length = buckets[first]
+            visible = torch.zeros(i - first, length, dtype=torch.bool)
+            if mask is None:
+                visible[:, : start + n] = True
+            else:
+                seen = min(length, start + n)
+                visible[:, :seen] = mask[first:i, :seen]
+            groups.append(RowGroup(slice(first, i), length, visible))
+            first = i
+    return groups
 
 
 @dataclass
@@ -222,7 +306,7 @@ def forward_batch(segments: list[Segment]) -> list[torch.Tensor]:
         raise ValueError("a batched pass needs runners over the same weights and layers")
     if len({id(s.runner) for s in segments}) != len(segments):
         raise ValueError("each sequence may appear once in a batched pass")
-    prepared = [s.runner._prepare(s) for s in segments]  # (cos, sin, mask) each
+    prepared = [s.runner._prepare(s) for s in segments]  # (cos, sin, attention) each
     sizes = [len(s.tokens) for s in segments]
     q_size, kv_size = w.heads * w.head_dim, w.kv_heads * w.head_dim
     x = w.embed[torch.tensor([t for s in segments for t in s.tokens], dtype=torch.long)]  # [N, hidden]
@@ -230,12 +314,13 @@ def forward_batch(segments: list[Segment]) -> list[torch.Tensor]:
         layer = w.layers[layer_id]
         qkv = layer.qkv(rms_norm(x, layer.input_norm, w.eps))  # [N, (H + 2 KV) D]
         outputs = []
-        for segment, (cos, sin, mask), rows in zip(segments, prepared, qkv.split(sizes)):
+        for segment, (cos, sin, attention), rows in zip(segments, prepared, qkv.split(sizes)):
             n = rows.shape[0]
-            q = rows[:, :q_size].view(n, w.heads, w.head_dim).transpose(0, 1)  # [H, n, D]
-            k = rows[:, q_size : q_size + kv_size].view(n, w.kv_heads, w.head_dim).transpose(0, 1)  # [KV, n, D]
+            # q and k rotate together: one set of operations for both.
+            qk = rotate(rows[:, : q_size + kv_size].view(n, w.heads + w.kv_heads, w.head_dim).transpose(0, 1),
+                        cos, sin)  # [H + KV, n, D]
             v = rows[:, q_size + kv_size :].view(n, w.kv_heads, w.head_dim).transpose(0, 1)  # [KV, n, D]
-            outputs.append(segment.runner._attend(slot, rotate(q, cos, sin), rotate(k, cos, sin), v, mask))
+            outputs.append(segment.runner._attend(slot, qk[: w.heads], qk[w.heads :], v, attention))
         x = x + layer.o(torch.cat(outputs) if len(outputs) > 1 else outputs[0])
         gate, up = layer.gate_up(rms_norm(x, layer.post_norm, w.eps)).chunk(2, dim=-1)  # [N, I] each
         x = x + layer.down(F.silu(gate) * up)
@@ -245,6 +330,37 @@ def forward_batch(segments: list[Segment]) -> list[torch.Tensor]:
         rows.append(part if segment.all_logits else part[-1:])
     logits = w.lm_head(rms_norm(torch.cat(rows), w.norm, w.eps)).float()  # [rows, V]
     return list(logits.split([r.shape[0] for r in rows]))
+
+
+def row_invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                            visible: torch.Tensor) -> torch.Tensor:
+    """Softmax attention that gives each query row the bits it gets in a one-token pass, so a
+    low-precision verify pass agrees exactly with plain decoding.
+
+    q [H, n, D], keys [KV, L, D] and values [KV, L, D + 1] (fp32; the last column is 1),
+    visible [n, L] -> [H, n, D] in q's dtype. Why not SDPA: its CPU kernel blocks its sums by
+    the pass's shape, so a token's bf16 output changed with the tokens beside it (62 of 820
+    rows differed even over equal key counts). Here both matmuls put the keys on the rows and
+    the queries on the columns, with L fixed (the row's bucket): measured on this CPU, a
+    column's result then does not depend on how many columns there are (0 of 4896 differed;
+    a single column takes another kernel, so it is doubled). Masked keys weigh exactly 0 and
+    the softmax sum comes out of the second matmul's ones column.
+    """
+    heads, n, dim = q.shape
+    kv_heads, length, _ = keys.shape
+    group = heads // kv_heads  # query heads per KV head, consecutive as in transformers
+    columns = q.float().reshape(kv_heads, group * n, dim).transpose(1, 2)  # [KV, D, G n]
+    if group * n == 1:
+        columns = columns.expand(kv_heads, dim, 2)
+    scores = torch.matmul(keys, columns)  # [KV, L, cols]
+    scores = scores[..., : group * n].view(kv_heads, length, group, n)
+    scores = scores.mul_(dim ** -0.5).masked_fill_(~visible.T[:, None, :], float("-inf"))
+    weights = torch.exp(scores - scores.amax(dim=1, keepdim=True)).view(kv_heads, length, group * n)
+    if group * n == 1:
+        weights = weights.expand(kv_heads, length, 2)
+    summed = torch.matmul(values.transpose(1, 2), weights)[..., : group * n]  # [KV, D + 1, G n]: sums last
+    out = (summed[:, :dim] / summed[:, dim:]).view(kv_heads, dim, group, n)
+    return out.permute(0, 2, 3, 1).reshape(heads, n, dim).to(q.dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

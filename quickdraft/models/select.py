@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import torch
-
 from quickdraft.errors import QuickdraftError
+from quickdraft.models.gguf_blocks import cached_int4_blocks
 from quickdraft.models.layer_subset import layer_subset_model
 from quickdraft.models.loading import LoadedModel
 from quickdraft.models.native import SUPPORTED_ARCHITECTURES, NativeRunner, NativeWeights, supports
+from quickdraft.models.precision import get_precision
 from quickdraft.models.runner import HFRunner, Runner
 
 RUNNERS = ("auto", "native", "hf")
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def check_runner_kind(kind: str) -> None:
@@ -29,8 +28,7 @@ def uses_native(loaded: LoadedModel, kind: str) -> bool:
 
 
 def check_precision(precision: str, kind: str) -> None:
-    if precision not in PRECISIONS:
-        raise QuickdraftError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    get_precision(precision)
     if precision != "fp32" and kind == "hf":
         raise QuickdraftError(f"precision {precision} needs the native runner (runner='auto' or 'native')")
 
@@ -41,10 +39,9 @@ def make_runner(loaded: LoadedModel, kind: str = "auto", layers: list[int] | Non
     extracted once per loaded model and precision, and shared by every runner over them."""
     check_precision(precision, kind)
     if uses_native(loaded, kind):
-        dtype = PRECISIONS[precision]
-        if dtype not in loaded.native:
-            loaded.native[dtype] = NativeWeights.from_model(loaded.model, dtype)
-        return NativeRunner(loaded.native[dtype], layers)
+        if precision not in loaded.native:
+            loaded.native[precision] = native_weights(loaded, precision)
+        return NativeRunner(loaded.native[precision], layers)
     if precision != "fp32":
         raise QuickdraftError(f"precision {precision} needs the native runner, which does not support "
                               f"{loaded.model.config.model_type!r}")
@@ -52,3 +49,11 @@ def make_runner(loaded: LoadedModel, kind: str = "auto", layers: list[int] | Non
         return HFRunner(loaded.model)
     # The view's cache uses the full model's layout: each kept layer writes its own slot.
     return HFRunner(layer_subset_model(loaded.model, layers), cache_config=loaded.model.config)
+
+
+def native_weights(loaded: LoadedModel, precision: str) -> NativeWeights:
+    """Weights at `precision`; int4 from a GGUF file takes the file's own 4-bit blocks."""
+    blocks = None
+    if precision == "int4" and loaded.gguf is not None and loaded.converted is not None:
+        blocks = cached_int4_blocks(loaded.gguf, loaded.model, loaded.converted / "int4_blocks.safetensors")
+    return NativeWeights.from_model(loaded.model, precision, int4_blocks=blocks)
