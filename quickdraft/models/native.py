@@ -15,12 +15,12 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.linear import PackedLinear
+from quickdraft.models.linear import ColumnLinear, PackedLinear
 from quickdraft.models.precision import Precision, get_precision
 from quickdraft.models.quantize import Int4Weight, stack_int4
 from quickdraft.models.quantized_linear import Int4Linear, Int8Linear, quantized_linear
 
-Linear = PackedLinear | Int8Linear | Int4Linear
+Linear = PackedLinear | ColumnLinear | Int8Linear | Int4Linear
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 
@@ -71,6 +71,10 @@ class NativeWeights:
         def cast(tensor: torch.Tensor) -> torch.Tensor:
             return tensor.detach().to(dtype).contiguous()
 
+        def dense(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+            # bf16: row-invariant, so greedy speculation stays exact; fp32 differs only in rounding.
+            return PackedLinear(weight, bias, pack) if dtype == torch.float32 else ColumnLinear(weight, bias)
+
         def linear(modules: list[torch.nn.Module], requantize_as: str = precision.weights) -> Linear:
             """One layer for the modules' weights fused along outputs (and their biases, if all have
             one). Quantized: the file's 4-bit blocks when it has them, else `requantize_as`."""
@@ -78,7 +82,7 @@ class NativeWeights:
             biases = [m.bias for m in modules]
             bias = cast(torch.cat(biases)) if all(b is not None for b in biases) else None
             if precision.weights == "dense":
-                return PackedLinear(cast(weight), bias, pack)
+                return dense(cast(weight), bias)
             found = [blocks.get(f"{names[id(m)]}.weight") for m in modules]
             if all(b is not None for b in found):
                 return quantized_linear(weight, bias, "int4", dtype, stack_int4(found))
@@ -106,7 +110,7 @@ class NativeWeights:
         tied = head.weight is inner.embed_tokens.weight and precision.weights == "dense"
         # The head's error goes straight into the logits: rounding it to 4 bits from scratch raised
         # the default target's KL from fp32 from 0.004 (int8 head) to 0.066, so it gets int8.
-        lm_head = PackedLinear(embed, None, pack) if tied else linear([head], requantize_as="int8")
+        lm_head = dense(embed, None) if tied else linear([head], requantize_as="int8")
         return cls(embed, layers, cast(inner.norm.weight), lm_head, rotary.inv_freq.detach().float(),
                    float(getattr(rotary, "attention_scaling", 1.0)), float(config.rms_norm_eps),
                    config.num_attention_heads, config.num_key_value_heads, head_dim, max_length, dtype,
@@ -332,6 +336,9 @@ def forward_batch(segments: list[Segment]) -> list[torch.Tensor]:
     return list(logits.split([r.shape[0] for r in rows]))
 
 
+COLUMN_BLOCK = 16  # query columns per matmul block in row-invariant attention
+
+
 def row_invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                             visible: torch.Tensor) -> torch.Tensor:
     """Softmax attention that gives each query row the bits it gets in a one-token pass, so a
@@ -341,24 +348,23 @@ def row_invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.T
     visible [n, L] -> [H, n, D] in q's dtype. Why not SDPA: its CPU kernel blocks its sums by
     the pass's shape, so a token's bf16 output changed with the tokens beside it (62 of 820
     rows differed even over equal key counts). Here both matmuls put the keys on the rows and
-    the queries on the columns, with L fixed (the row's bucket): measured on this CPU, a
-    column's result then does not depend on how many columns there are (0 of 4896 differed;
-    a single column takes another kernel, so it is doubled). Masked keys weigh exactly 0 and
-    the softmax sum comes out of the second matmul's ones column.
+    the queries on the columns, with L fixed (the row's bucket) and the columns padded to whole
+    blocks of 16: measured on this CPU, a column's result then does not depend on how many
+    columns there are (a single column, or a part-filled block, can take another kernel).
+    Masked keys weigh exactly 0 and the softmax sum comes out of the second matmul's ones column.
     """
     heads, n, dim = q.shape
     kv_heads, length, _ = keys.shape
     group = heads // kv_heads  # query heads per KV head, consecutive as in transformers
-    columns = q.float().reshape(kv_heads, group * n, dim).transpose(1, 2)  # [KV, D, G n]
-    if group * n == 1:
-        columns = columns.expand(kv_heads, dim, 2)
-    scores = torch.matmul(keys, columns)  # [KV, L, cols]
-    scores = scores[..., : group * n].view(kv_heads, length, group, n)
+    cols = group * n
+    padded = -(-cols // COLUMN_BLOCK) * COLUMN_BLOCK  # whole blocks: every column takes the main kernel
+    columns = torch.zeros(kv_heads, dim, padded)
+    columns[..., :cols] = q.float().reshape(kv_heads, cols, dim).transpose(1, 2)  # [KV, D, G n (+ pad)]
+    scores = torch.matmul(keys, columns)[..., :cols].view(kv_heads, length, group, n)  # [KV, L, G, n]
     scores = scores.mul_(dim ** -0.5).masked_fill_(~visible.T[:, None, :], float("-inf"))
-    weights = torch.exp(scores - scores.amax(dim=1, keepdim=True)).view(kv_heads, length, group * n)
-    if group * n == 1:
-        weights = weights.expand(kv_heads, length, 2)
-    summed = torch.matmul(values.transpose(1, 2), weights)[..., : group * n]  # [KV, D + 1, G n]: sums last
+    weights = torch.zeros(kv_heads, length, padded)
+    weights[..., :cols] = torch.exp(scores - scores.amax(dim=1, keepdim=True)).view(kv_heads, length, cols)
+    summed = torch.matmul(values.transpose(1, 2), weights)[..., :cols]  # [KV, D + 1, G n]: sums last
     out = (summed[:, :dim] / summed[:, dim:]).view(kv_heads, dim, group, n)
     return out.permute(0, 2, 3, 1).reshape(heads, n, dim).to(q.dtype)
 

@@ -1,0 +1,102 @@
+"""Each precision of the native runner: logits within a stated tolerance of fp32, and greedy
+speculation equal, token for token, to plain greedy decoding at the same precision."""
+
+import copy
+
+import pytest
+import torch
+
+from quickdraft import Decoder, QuickdraftError
+from quickdraft.models.native import NativeRunner, NativeWeights
+from quickdraft.models.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+from quickdraft.models.quantized_linear import Int4Linear, Int8Linear
+
+from conftest import loaded, tiny_llama
+from test_native import tiny_qwen2
+
+TOKENS = [5, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
+
+
+def on_quantized_values(model: torch.nn.Module, kind: str) -> torch.nn.Module:
+    """A copy whose layer weights are their int8/int4 values (the LM head its int8 values), in fp32:
+    what the quantized runner computes, minus its bf16 arithmetic."""
+    copied = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, module in copied.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                w = module.weight
+                int4 = kind == "int4" and name != "lm_head"
+                module.weight.copy_(dequantize_int4(quantize_int4(w)) if int4 else dequantize_int8(quantize_int8(w)))
+    return copied
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])
+def test_logits_stay_within_bf16_rounding_of_fp32_on_the_same_weight_values(precision):
+    model = tiny_llama(seed=1)
+    reference_model = model if precision == "bf16" else on_quantized_values(model, precision)
+    fp32 = NativeRunner(NativeWeights.from_model(reference_model)).forward(TOKENS)
+    low = NativeRunner(NativeWeights.from_model(model, precision)).forward(TOKENS)
+    spread = fp32.max(-1).values - fp32.min(-1).values  # [n]
+    # Stated tolerance: bf16 activations keep 8 bits of mantissa; over 2 layers every logit
+    # stays within 5% of its row's spread of the fp32 logits (measured: 2.2% bf16).
+    assert ((low - fp32).abs().max(-1).values <= 0.05 * spread).all()
+    assert (low.argmax(-1) == fp32.argmax(-1)).float().mean() >= 0.9
+
+
+def test_quantized_weights_are_what_each_precision_says():
+    weights = NativeWeights.from_model(tiny_llama(seed=1), "int4")
+    assert all(isinstance(layer.qkv, Int4Linear) and isinstance(layer.down, Int4Linear) for layer in weights.layers)
+    assert isinstance(weights.lm_head, Int8Linear)  # the head is int8 unless the file has 4-bit blocks for it
+    assert weights.dtype == torch.bfloat16 and weights.precision == "int4"
+    int8 = NativeWeights.from_model(tiny_llama(seed=1), "int8")
+    assert all(isinstance(layer.gate_up, Int8Linear) for layer in int8.layers)
+    # Qwen2: biases ride along; shapes the int4 kernel cannot take (48 inputs, 40 outputs) fall back to int8.
+    qwen = NativeWeights.from_model(tiny_qwen2(), "int4")
+    assert isinstance(qwen.layers[0].qkv, Int4Linear) and qwen.layers[0].qkv.bias is not None
+    assert isinstance(qwen.layers[0].down, Int8Linear) and isinstance(qwen.lm_head, Int8Linear)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])
+def test_a_verify_pass_gives_each_token_the_logits_of_one_token_passes(precision):
+    weights = NativeWeights.from_model(tiny_llama(seed=1, max_positions=600), precision)
+    for prefix in (3, 250, 254):  # 250 + 8 crosses the first attention bucket (256 keys)
+        one, many = NativeRunner(weights), NativeRunner(weights)
+        prompt = [(7 * i) % 32 for i in range(prefix)]
+        one.forward(prompt)
+        many.forward(prompt)
+        extra = [5, 1, 4, 1, 5, 9, 2, 6]
+        alone = torch.cat([one.forward([t]) for t in extra])
+        assert torch.equal(many.forward(extra), alone), prefix
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize("method", ["draft", "prompt-lookup", "self-spec", "lookahead"])
+def test_greedy_speculation_equals_plain_greedy_at_the_same_precision(tiny_target, tiny_draft, precision, method):
+    target = loaded(tiny_target, "t")
+    plain = Decoder(target, None, "none", precision=precision)
+    draft = loaded(tiny_draft, "d") if method == "draft" else None
+    options = {"layers": 1} if method == "self-spec" else {}
+    accepted = 0
+    for k in (1, 3, 8):
+        spec = Decoder(target, draft, method, k, precision=precision, **options)
+        for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9, 9, 2, 7]):
+            out = spec.generate(prompt, max_new_tokens=40)
+            assert out.token_ids == plain.generate(prompt, max_new_tokens=40).token_ids, (k, prompt)
+            accepted += out.stats.accepted_tokens
+    assert accepted > 0  # drafts were accepted: the equality was tested, not skipped
+
+
+def test_qwen2_with_biases_and_fallbacks_speculates_exactly_at_int4():
+    target = loaded(tiny_qwen2(), "q")
+    plain = Decoder(target, None, "none", precision="int4")
+    spec = Decoder(target, None, "prompt-lookup", 4, precision="int4")
+    prompt = [3, 8, 1, 3, 8, 1, 3, 8]
+    assert spec.generate(prompt, max_new_tokens=40).token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
+
+
+def test_low_precisions_need_the_native_runner(tiny_target):
+    for precision in ("bf16", "int8", "int4"):
+        with pytest.raises(QuickdraftError, match="native runner"):
+            Decoder(loaded(tiny_target, "t"), None, "none", runner="hf", precision=precision)
+    with pytest.raises(QuickdraftError, match="unknown precision 'fp8'; choose one of: fp32, bf16, int8, int4"):
+        Decoder(loaded(tiny_target, "t"), None, "none", precision="fp8")
