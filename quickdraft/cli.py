@@ -70,7 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, help="default 128 (--quick: 48)")
     bench.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (and checks equality)")
     bench.add_argument("--repeats", type=int, default=1, help="timed runs of each prompt per contender")
-    bench.add_argument("--no-peers", action="store_true", help="leave out transformers and llama.cpp")
+    bench.add_argument("--peers", nargs="+", choices=["transformers", "llama.cpp"],
+                       default=["transformers", "llama.cpp"],
+                       help="peer libraries to time (llama.cpp: when llama-cpp-python is installed and the "
+                            "target is a GGUF file)")
+    bench.add_argument("--no-peers", action="store_true", help="leave out every peer")
     bench.add_argument("--quick", action="store_true", help="1 prompt per category, 48 tokens: a few minutes")
     bench.add_argument("--runner", choices=["auto", "native", "hf"], default="auto")
     bench.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
@@ -160,7 +164,8 @@ def _bench(args: argparse.Namespace) -> int:
     BenchSettings(1, args.temperature, args.repeats).check()  # before loading anything
     decoder = quickdraft.load(args.target, args.draft, "none", runner=args.runner, precision=args.precision)
     paths = bench(decoder, args.methods, args.output, args.data, args.categories, args.per_category,
-                  args.max_new_tokens, args.temperature, args.repeats, peers=not args.no_peers, quick=args.quick)
+                  args.max_new_tokens, args.temperature, args.repeats,
+                  peers=() if args.no_peers else tuple(args.peers), quick=args.quick)
     report = paths["report"].read_text()
     print(report[: report.index("\n## ", report.index("## overall") + 1)].rstrip())  # header + overall table
     print("\nwrote " + ", ".join(str(path) for path in paths.values()))

@@ -51,7 +51,7 @@ def test_report_has_a_table_per_category_json_and_three_plots(decoder, tmp_path)
     for heading in ("## overall", "## qa", "## rag", "## Equality check (greedy)"):
         assert heading in report
     assert report.count("| draft |") == 3  # one row in each table
-    assert "Every quickdraft method produced the baseline's tokens" in report
+    assert "Every quickdraft method produced its reference's tokens" in report
     raw = json.loads(paths["results"].read_text())
     assert raw["contenders"] == names and len(raw["prompts"]) == 2
     assert raw["summaries"]["qa"]["draft"]["prompts"] == 1
@@ -69,8 +69,25 @@ def test_equality_check_catches_a_broken_method(decoder, tmp_path):
     assert summaries[OVERALL]["prompt-lookup"].mismatches == []
     report = write_report(tmp_path, result, summaries, {"target": "tiny", "precision": "fp32", "runner": "auto",
                                                          "prompts": "ids"})["report"].read_text()
-    assert "**quickdraft methods whose tokens differ from the baseline:** broken: prompts [1, 2]" in report
+    assert "**quickdraft methods whose tokens differ from their reference:** broken: prompts [1, 2]" in report
     assert "| broken |" in report and "2/2 |" in report
+
+
+def test_methods_at_another_precision_are_checked_against_plain_decoding_at_it(decoder, tmp_path):
+    contenders = method_contenders(decoder, ["prompt-lookup:precision=int4", "none:precision=int8",
+                                             "prompt-lookup:precision=int8"])
+    references = {c.name: c.reference for c in contenders}
+    assert references == {"none": "none", "none:precision=int4,runner=auto": "none:precision=int4,runner=auto",
+                          "prompt-lookup:precision=int4": "none:precision=int4,runner=auto",
+                          "none:precision=int8": "none:precision=int8",
+                          "prompt-lookup:precision=int8": "none:precision=int8"}
+    result = run_bench(PROMPTS, contenders, BenchSettings(max_new_tokens=16), progress=False)
+    summaries = summarise_all(result)
+    assert all(not s.mismatches for s in summaries[OVERALL].values())
+    # int4 plain decoding differs from fp32 (the baseline) but is its own precision's reference.
+    report = write_report(tmp_path, result, summaries, {"target": "tiny", "precision": "fp32", "runner": "auto",
+                                                         "prompts": "ids"})["report"].read_text()
+    assert "| 0/2 vs none:precision=int4,runner=auto |" in report
 
 
 def test_sampled_runs_skip_the_equality_check(decoder):
@@ -90,7 +107,7 @@ def test_specs_expand_and_bad_ones_are_refused(decoder):
     with pytest.raises(QuickdraftError, match="must be a number"):
         parse_spec("prompt-lookup:k=many")
     with pytest.raises(QuickdraftError, match="baseline"):
-        method_contenders(decoder, ["none:k=1"])
+        method_contenders(decoder, ["none"])
     with pytest.raises(QuickdraftError, match="baseline"):
         run_bench(PROMPTS, method_contenders(decoder, ["draft"])[1:], BenchSettings(), progress=False)
     with pytest.raises(QuickdraftError, match="repeats"):

@@ -11,9 +11,11 @@ from quickdraft.bench.prompts import default_prompt_file, load_prompts
 from quickdraft.bench.report import write_report
 from quickdraft.bench.summary import summarise_all
 from quickdraft.decoder import Decoder
+from quickdraft.errors import QuickdraftError
 
 FULL_PER_CATEGORY, QUICK_PER_CATEGORY = 10, 1
 FULL_NEW_TOKENS, QUICK_NEW_TOKENS = 128, 48
+PEERS = ("transformers", "llama.cpp")
 
 
 def bench(
@@ -26,13 +28,14 @@ def bench(
     max_new_tokens: int | None = None,
     temperature: float = 0.0,
     repeats: int = 1,
-    peers: bool = True,
+    peers: tuple[str, ...] = PEERS,
     quick: bool = False,
     progress: bool = True,
 ) -> dict[str, Path]:
     """Time `methods` (specs, or "all") against method none and the peers; write report, JSON, plots.
 
     decoder: a loaded Decoder whose target, draft, runner and precision every method shares.
+    peers: which peer libraries run ("transformers", "llama.cpp"; llama.cpp when installed)
     quick: one prompt per category and 48 new tokens unless given (a few minutes on a laptop CPU)."""
     per_category = per_category or (QUICK_PER_CATEGORY if quick else FULL_PER_CATEGORY)
     max_new_tokens = max_new_tokens or (QUICK_NEW_TOKENS if quick else FULL_NEW_TOKENS)
@@ -42,12 +45,16 @@ def bench(
     prompts = load_prompts(source, categories, per_category)
     encoded = [(p.category, decoder.encode(p.text)) for p in prompts]
     contenders: list[Contender] = list(method_contenders(decoder, methods))
-    if peers:
+    unknown = set(peers) - set(PEERS)
+    if unknown:
+        raise QuickdraftError(f"unknown peer {sorted(unknown)[0]!r}; choose from: {', '.join(PEERS)}")
+    if "transformers" in peers:
         contenders += transformers_peers(decoder.target, decoder.draft, decoder.eos_ids)
+    if "llama.cpp" in peers:
         contenders += llama_cpp_peers(decoder.target.gguf, decoder.eos_ids)
     result = run_bench(encoded, contenders, settings, progress)
     summaries = summarise_all(result)
     header = {"target": decoder.target.name, "precision": decoder.precision, "runner": decoder.runner,
               "prompts": str(source) if source else "the built-in prompt set",
-              "methods": methods, "peers": peers}
+              "methods": methods, "peers": list(peers)}
     return write_report(output, result, summaries, header)

@@ -38,6 +38,7 @@ class Contender(Protocol):
     name: str
     chain: bool  # drafts chains, so acceptance is the closed-form model's alpha
     speculative: bool
+    reference: str  # the contender whose greedy tokens this one's must equal
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> RunRecord: ...
 
@@ -45,8 +46,8 @@ class Contender(Protocol):
 class MethodContender:
     """A quickdraft Decoder (one method with its settings)."""
 
-    def __init__(self, name: str, decoder: Decoder) -> None:
-        self.name, self.decoder = name, decoder
+    def __init__(self, name: str, decoder: Decoder, reference: str = BASELINE) -> None:
+        self.name, self.decoder, self.reference = name, decoder, reference
         spec = get_method(decoder.method)
         self.chain, self.speculative = not spec.drafts_trees, spec.speculative
 
@@ -97,7 +98,9 @@ def _label(value: object) -> str:
 def method_contenders(base: Decoder, specs: list[str]) -> list[MethodContender]:
     """The baseline (method none) first, then each spec's decoders over the same loaded models.
 
-    "all" stands for every method with its defaults (draft only when a draft model is loaded)."""
+    "all" stands for every method with its defaults (draft only when a draft model is loaded).
+    A method at another precision or runner than the baseline's is checked against plain
+    decoding at that precision and runner (none:precision=...,runner=...), added if not asked for."""
     expanded: list[tuple[str, str, dict]] = []
     for spec in specs:
         if spec == "all":
@@ -106,11 +109,24 @@ def method_contenders(base: Decoder, specs: list[str]) -> list[MethodContender]:
         else:
             expanded += parse_spec(spec)
     contenders = [MethodContender(BASELINE, base.with_method(BASELINE))]
-    for name, method, settings in expanded:
-        if name in (c.name for c in contenders):
-            continue
-        if method == BASELINE:
-            raise QuickdraftError("method none is the baseline and always runs; leave it out of the list")
+    plain = {(base.precision, base.runner): BASELINE}  # (precision, runner) -> its plain decoding
+
+    def add(name: str, method: str, settings: dict) -> MethodContender:
         settings = dict(settings)
-        contenders.append(MethodContender(name, base.with_method(method, settings.pop("k", None), **settings)))
+        decoder = base.with_method(method, settings.pop("k", None), **settings)
+        key = (decoder.precision, decoder.runner)
+        if method == BASELINE:
+            plain.setdefault(key, name)
+        elif key not in plain:
+            add(*parse_spec(f"{BASELINE}:precision={key[0]},runner={key[1]}")[0])
+        contender = MethodContender(name, decoder, plain[key])
+        contenders.append(contender)
+        return contender
+
+    for name, method, settings in expanded:
+        if name == BASELINE:
+            raise QuickdraftError("method none is the baseline and always runs; leave it out of the list "
+                                  "(none:precision=... adds plain decoding at another precision)")
+        if name not in (c.name for c in contenders):
+            add(name, method, settings)
     return contenders

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from quickdraft.bench.contenders import RunRecord
+from quickdraft.bench.contenders import BASELINE, RunRecord
 from quickdraft.models.layer_subset import decoder_layers
 from quickdraft.models.loading import LoadedModel
 
@@ -20,6 +20,7 @@ class TransformersGenerate:
     """model.generate with extra generation options; sampling with no top-k/top-p unless asked."""
 
     chain, speculative = True, True
+    reference = BASELINE  # its greedy tokens are compared with quickdraft's plain decoding
 
     def __init__(self, name: str, target: LoadedModel, eos_ids: frozenset[int], **options) -> None:
         self.name, self.model, self.options = name, target.model, options
@@ -65,6 +66,7 @@ class LlamaCpp:
     """llama.cpp on the same GGUF file, plain or with its prompt-lookup decoding."""
 
     chain = True
+    reference = BASELINE
 
     def __init__(self, gguf: Path, eos_ids: frozenset[int], prompt_lookup: bool, context: int = 4096) -> None:
         from llama_cpp import Llama  # optional dependency: only when installed

@@ -33,16 +33,17 @@ def _ratio(value: float | None, digits: int = 2, suffix: str = "") -> str:
 def table(summaries: dict[str, Summary], greedy: bool, methods: set[str], with_prediction: bool) -> list[str]:
     header = ("| contender | tok/s | speedup vs none | mean accepted length | acceptance rate | mean K |"
               + (" predicted / measured decode speedup |" if with_prediction else "")
-              + " outputs != none |")
+              + " outputs != reference |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for name, s in summaries.items():
         rate = "" if s.acceptance_rate is None else f"{s.acceptance_rate:.1%}"
         if not greedy:
             mismatch = "(sampled)"
-        elif name == BASELINE:
+        elif s.reference == name:
             mismatch = "reference"
         else:
-            mismatch = f"{len(s.mismatches)}/{s.prompts}" + ("" if name in methods else " (peer)")
+            mismatch = (f"{len(s.mismatches)}/{s.prompts}" + ("" if name in methods else " (peer)")
+                        + ("" if s.reference == BASELINE else f" vs {s.reference}"))
         cells = [name, f"{s.tokens_per_second:.1f}", f"{s.speedup:.2f}x", _ratio(s.mean_accepted_length), rate,
                  _ratio(s.mean_k, 1)]
         if with_prediction:
@@ -65,7 +66,8 @@ def markdown(result: BenchResult, summaries: dict[str, dict[str, Summary]], head
         "",
         "tok/s: new tokens (EOS included) over the whole call, prefill included; the median over prompts "
         "(each prompt: the median of its repeats). Speedup: that median over method none's (same runner, "
-        "same prompts, run back to back). Mean accepted length: new tokens per target pass.",
+        "same prompts, run back to back). Mean accepted length: new tokens per target pass. Greedy "
+        "outputs are checked against plain decoding at the same precision and runner (the reference).",
         "",
         f"## {OVERALL}", "",
         *table(summaries[OVERALL], result.greedy, methods, with_prediction=True),
@@ -76,8 +78,8 @@ def markdown(result: BenchResult, summaries: dict[str, dict[str, Summary]], head
         broken = {name: x.mismatches for name, x in summaries[OVERALL].items() if x.mismatches}
         lines += ["", "## Equality check (greedy)", ""]
         failed = {name: numbers for name, numbers in broken.items() if name in methods}
-        lines.append("Every quickdraft method produced the baseline's tokens on every prompt." if not failed else
-                     "**quickdraft methods whose tokens differ from the baseline:** "
+        lines.append("Every quickdraft method produced its reference's tokens on every prompt." if not failed else
+                     "**quickdraft methods whose tokens differ from their reference:** "
                      + "; ".join(f"{name}: prompts {numbers}" for name, numbers in failed.items()))
         peers = {name: numbers for name, numbers in broken.items() if name not in methods}
         if peers:

@@ -25,7 +25,8 @@ class Summary:
     acceptance_rate: float | None  # accepted / drafted draft tokens
     mean_k: float | None  # drafted tokens per target pass
     acceptance_by_position: list[float]  # accepted / drafted at draft position 1, 2, ...
-    mismatches: list[int]  # prompt numbers whose tokens differ from the baseline's (greedy only)
+    mismatches: list[int]  # prompt numbers whose tokens differ from its reference's (greedy only)
+    reference: str = BASELINE  # plain decoding at the contender's precision (peers: the baseline)
     predicted_speedup: float | None = None  # closed form from this run's alpha, K and times (chains)
     measured_decode_speedup: float | None = None  # the same quantity measured (prefill excluded)
 
@@ -44,15 +45,16 @@ def summarise(result: BenchResult, name: str, prompts: list[PromptRuns], numbers
     drafted = sum(r.drafted for r in records)
     accepted = sum(r.accepted for r in records)
     tokens = sum(len(r.tokens) for r in records)
-    mismatches = ([n for n, p in zip(numbers, prompts) if p.runs[name][0].tokens != p.runs[BASELINE][0].tokens]
+    contender = next(c for c in result.contenders if c.name == name)
+    reference = contender.reference
+    mismatches = ([n for n, p in zip(numbers, prompts) if p.runs[name][0].tokens != p.runs[reference][0].tokens]
                   if result.greedy else [])
     summary = Summary(
         name=name, prompts=len(prompts), tokens=tokens, tokens_per_second=speed, speedup=speed / base_speed,
         mean_accepted_length=tokens / passes if passes else None,
         acceptance_rate=accepted / drafted if drafted else None,
         mean_k=drafted / passes if passes and drafted else None,
-        acceptance_by_position=acceptance_by_position(records), mismatches=mismatches)
-    contender = next(c for c in result.contenders if c.name == name)
+        acceptance_by_position=acceptance_by_position(records), mismatches=mismatches, reference=reference)
     if contender.chain and drafted and all(r.decode_seconds for r in records):
         base = [r for p in prompts for r in p.runs[BASELINE]]
         summary.predicted_speedup, summary.measured_decode_speedup = predicted_vs_measured(records, base)
