@@ -1,9 +1,10 @@
-"""Cost of one target pass: transformers runner vs native runner, next to the bandwidth floor.
+"""Cost of one target pass: transformers runner vs native runner at each precision, next to the bandwidth floor.
 
 For 1, 2, 4, 8 and 16 tokens per pass at context 128 and 1024 it times a pass (median of
 --repeats, cache rolled back after each), then plain decoding tokens/s of both runners and of
-transformers' model.generate, all in one process on the embedded default target. Rows marked
-torch.compile run the same native forward compiled by inductor (dynamic shapes, unpacked weights).
+transformers' model.generate, all in one process on the embedded default target. Native rows run
+at fp32, bf16, int8 and int4 (int4: the GGUF's own Q4_1 blocks). Rows marked torch.compile run the
+same native forward compiled by inductor (dynamic shapes; fp32/bf16 on unpacked weights).
 
     python benchmarks/runner_bench.py --output bench-out/runner
 """
@@ -23,7 +24,9 @@ from tqdm import tqdm
 
 import quickdraft
 from quickdraft.models.native import NativeRunner, NativeWeights
+from quickdraft.models.precision import PRECISIONS
 from quickdraft.models.runner import HFRunner
+from quickdraft.models.select import make_runner
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 
@@ -41,12 +44,11 @@ def copy_bandwidth(megabytes: int = 512, repeats: int = 7) -> float:
 
 
 def weight_bytes(weights: NativeWeights) -> int:
-    """Bytes a decode step must read: every layer, the final norm and the LM head (embedding rows are few)."""
-    tensors = [weights.norm, weights.lm_head.weight]
-    for layer in weights.layers:
-        tensors += [layer.input_norm, layer.qkv.weight, layer.o.weight, layer.post_norm, layer.gate_up.weight,
-                    layer.down.weight]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """Bytes a decode step must read: every layer's matrices and the LM head (norms and the few
+    embedding rows are noise)."""
+    linears = [weights.lm_head] + [linear for layer in weights.layers
+                                   for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    return sum(linear.nbytes for linear in linears)
 
 
 class CompiledNative:
@@ -83,13 +85,15 @@ def main() -> None:
 
     decoder = quickdraft.load(method="none", runner="hf")
     model = decoder.target.model
-    precisions = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    precisions = list(PRECISIONS)
     runners = {"transformers": HFRunner(model)}
-    for label, dtype in precisions.items():
-        runners[f"native {label}"] = NativeRunner(NativeWeights.from_model(model, dtype))
+    for label in precisions:
+        runners[f"native {label}"] = make_runner(decoder.target, "native", precision=label)
     if not args.no_compile:
-        for label, dtype in precisions.items():
-            runners[f"native {label} torch.compile"] = CompiledNative(NativeWeights.from_model(model, dtype, pack=False))
+        for label in precisions:
+            weights = (NativeWeights.from_model(model, label, pack=False) if label in ("fp32", "bf16")
+                       else runners[f"native {label}"].weights)
+            runners[f"native {label} torch.compile"] = CompiledNative(weights)
     bandwidth = copy_bandwidth()
 
     table = {}
@@ -112,9 +116,8 @@ def main() -> None:
     speeds["transformers model.generate (fp32)"] = args.new_tokens / (time.perf_counter() - start)
     reference = out[0, len(ids):].tolist()
     same = {}
-    for label, runner_kind, precision in [("quickdraft none, transformers runner", "hf", "fp32"),
-                                          ("quickdraft none, native fp32", "native", "fp32"),
-                                          ("quickdraft none, native bf16", "native", "bf16")]:
+    for label, runner_kind, precision in ([("quickdraft none, transformers runner", "hf", "fp32")]
+                                          + [(f"quickdraft none, native {p}", "native", p) for p in precisions]):
         plain = decoder.with_method("none", runner=runner_kind, precision=precision)
         plain.generate(ids, max_new_tokens=8)
         result = plain.generate(ids, max_new_tokens=args.new_tokens)
@@ -122,12 +125,12 @@ def main() -> None:
         speeds[label] = len(result_ids) / result.stats.wall_time
         same[label] = result_ids == reference[: len(result_ids)]
 
-    floor = {label: 1000 * weight_bytes(NativeWeights.from_model(model, dtype)) / bandwidth
-             for label, dtype in precisions.items()}
+    floor = {label: 1000 * weight_bytes(runners[f"native {label}"].weights) / bandwidth for label in precisions}
     machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     lines = [f"Target: {decoder.target.name}; {date.today()}; {machine}; copy bandwidth "
-             f"{bandwidth / 1e9:.1f} GB/s; weight bytes fp32 {weight_bytes(runners['native fp32'].weights) / 1e6:.0f} MB "
-             f"-> floor {floor['fp32']:.1f} ms/pass (bf16 {floor['bf16']:.1f} ms).", "",
+             f"{bandwidth / 1e9:.1f} GB/s; weight bytes read per pass -> floor (bytes / bandwidth): "
+             + ", ".join(f"{p} {weight_bytes(runners[f'native {p}'].weights) / 1e6:.0f} MB -> {floor[p]:.1f} ms"
+                         for p in precisions) + ".", "",
              "ms per target pass (median of %d)" % args.repeats, "",
              "| context | runner | " + " | ".join(f"{n} tok" for n in args.tokens) + " | 8 tok / 1 tok |",
              "|---" * (len(args.tokens) + 3) + "|"]

@@ -34,6 +34,11 @@ class PackedLinear:
         if pack and weight.dtype in (torch.float32, torch.bfloat16) and _mkldnn(weight.dtype):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
 
+    @property
+    def nbytes(self) -> int:
+        """Weight bytes a pass reads."""
+        return self.weight.numel() * self.weight.element_size()
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """[n, in] -> [n, out]."""
         if self._packed is not None and x.shape[0] >= self._packed_from:
@@ -57,6 +62,11 @@ class ColumnLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight, bias  # [out, in], [out]
         self.out_features = weight.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Weight bytes a pass reads."""
+        return self.weight.numel() * self.weight.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """[n, in] -> [n, out]."""

@@ -28,6 +28,11 @@ class Int8Linear:
         self.bias = None if bias is None else bias.to(dtype)
         self.out_features = weight.shape[0]
 
+    @property
+    def nbytes(self) -> int:
+        """Weight bytes a pass reads: the int8 values and their scales."""
+        return self.q.numel() + self.scales.numel() * self.scales.element_size()
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """[n, in] -> [n, out]."""
         y = torch.ops.aten._weight_int8pack_mm(x, self.q, self.scales)
@@ -44,6 +49,11 @@ class Int4Linear:
         self.group = weight.group
         self.bias = None if bias is None else bias.to(dtype)
         self.out_features = weight.q.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Weight bytes a pass reads: two 4-bit values a byte, and each group's scale and zero."""
+        return self.packed.numel() + self.scales_and_zeros.numel() * self.scales_and_zeros.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """[n, in] -> [n, out]."""
