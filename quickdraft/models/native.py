@@ -223,7 +223,7 @@ class NativeRunner:
                                                   enable_gqa=w.heads != w.kv_heads)[0]  # [H, n, D]
         else:
             parts = [row_invariant_attention(q[:, g.rows], self._keys[slot, :, : g.length],
-                                             self._values[slot, :, : g.length], g.visible)
+                                             self._values[slot, :, : g.length], g.hidden)
                      for g in attention.groups]
             attn = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
         return attn.transpose(0, 1).reshape(n, w.heads * w.head_dim)
@@ -249,7 +249,7 @@ class RowGroup:
 
     rows: slice
     length: int  # keys read: a bucket length, the one a one-token pass at these rows' positions reads
-    visible: torch.Tensor  # [rows, length] bool
+    hidden: torch.Tensor  # [length, 1, rows] bool: True where a row may not see a key (attention's layout)
 
 
 @dataclass
@@ -282,7 +282,7 @@ def row_groups(start: int, n: int, mask: torch.Tensor | None, max_length: int) -
             else:
                 seen = min(length, start + n)
                 visible[:, :seen] = mask[first:i, :seen]
-            groups.append(RowGroup(slice(first, i), length, visible))
+            groups.append(RowGroup(slice(first, i), length, ~visible.T[:, None, :]))
             first = i
     return groups
 
@@ -340,12 +340,12 @@ COLUMN_BLOCK = 16  # query columns per matmul block in row-invariant attention
 
 
 def row_invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                            visible: torch.Tensor) -> torch.Tensor:
+                            hidden: torch.Tensor) -> torch.Tensor:
     """Softmax attention that gives each query row the bits it gets in a one-token pass, so a
     low-precision verify pass agrees exactly with plain decoding.
 
     q [H, n, D], keys [KV, L, D] and values [KV, L, D + 1] (fp32; the last column is 1),
-    visible [n, L] -> [H, n, D] in q's dtype. Why not SDPA: its CPU kernel blocks its sums by
+    hidden [L, 1, n] (True: masked) -> [H, n, D] in q's dtype. Why not SDPA: its CPU kernel blocks its sums by
     the pass's shape, so a token's bf16 output changed with the tokens beside it (62 of 820
     rows differed even over equal key counts). Here both matmuls put the keys on the rows and
     the queries on the columns, with L fixed (the row's bucket) and the columns padded to whole
@@ -358,12 +358,11 @@ def row_invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.T
     group = heads // kv_heads  # query heads per KV head, consecutive as in transformers
     cols = group * n
     padded = -(-cols // COLUMN_BLOCK) * COLUMN_BLOCK  # whole blocks: every column takes the main kernel
-    columns = torch.zeros(kv_heads, dim, padded)
-    columns[..., :cols] = q.float().reshape(kv_heads, cols, dim).transpose(1, 2)  # [KV, D, G n (+ pad)]
+    columns = F.pad(q.float().reshape(kv_heads, cols, dim).transpose(1, 2), (0, padded - cols))  # [KV, D, pad]
     scores = torch.matmul(keys, columns)[..., :cols].view(kv_heads, length, group, n)  # [KV, L, G, n]
-    scores = scores.mul_(dim ** -0.5).masked_fill_(~visible.T[:, None, :], float("-inf"))
-    weights = torch.zeros(kv_heads, length, padded)
-    weights[..., :cols] = torch.exp(scores - scores.amax(dim=1, keepdim=True)).view(kv_heads, length, cols)
+    scores = scores.mul_(dim ** -0.5).masked_fill_(hidden, float("-inf"))
+    weights = torch.exp(scores - scores.amax(dim=1, keepdim=True)).view(kv_heads, length, cols)
+    weights = F.pad(weights, (0, padded - cols))  # [KV, L, pad]
     summed = torch.matmul(values.transpose(1, 2), weights)[..., :cols]  # [KV, D + 1, G n]: sums last
     out = (summed[:, :dim] / summed[:, dim:]).view(kv_heads, dim, group, n)
     return out.permute(0, 2, 3, 1).reshape(heads, n, dim).to(q.dtype)
