@@ -160,7 +160,7 @@ class NativeRunner:
         capacity = 0 if self._keys is None else self._keys.shape[2]
         if needed <= capacity:
             return
-        new_capacity = attention_bucket(needed, self.max_length)
+        new_capacity = min(self.max_length, max(attention_bucket(needed, self.max_length), 2 * capacity))
         w = self.weights
         shape = (len(self.layer_ids), w.kv_heads, new_capacity, w.head_dim)
         if w.dtype == torch.float32:
@@ -262,10 +262,13 @@ class Attention:
     groups: list[RowGroup]
 
 
+KEY_BUCKET = 256  # keys are read in whole buckets of this many
+
+
 def attention_bucket(needed: int, max_length: int) -> int:
-    """Keys a pass reads for a row that needs `needed`: a power of two (at least 256, at most the
-    context), so a token reads the same keys whichever pass computes it."""
-    return min(max_length, max(256, 1 << (needed - 1).bit_length()))
+    """Keys a low-precision pass reads for a row that needs `needed`: whole buckets of 256 (at
+    most the context), so a token reads the same keys whichever pass computes it."""
+    return min(max_length, -(-needed // KEY_BUCKET) * KEY_BUCKET)
 
 
 def row_groups(start: int, n: int, mask: torch.Tensor | None, max_length: int) -> list[RowGroup]:
