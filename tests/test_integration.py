@@ -167,13 +167,14 @@ def test_bench_command_on_the_default_target(tmp_path, capsys):
     data.write_text("\n".join(json.dumps({"category": c, "turns": [t]}) for c, t in [
         ("qa", "What is the capital of France? Answer in one sentence."), ("qa", "Who wrote Hamlet?"),
         ("chat", "Say hello.")]) + "\n")
-    argv = ["bench", "--quick", "--data", str(data), "--methods", "prompt-lookup", "--categories", "qa",
-            "--max-new-tokens", "12", "--output", str(tmp_path)]
+    argv = ["bench", "--quick", "--data", str(data), "--methods", "prompt-lookup", "prompt-lookup:precision=int4",
+            "--categories", "qa", "--max-new-tokens", "12", "--peers", "transformers", "--output", str(tmp_path)]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "| prompt-lookup |" in out and "| transformers generate |" in out
     report = (tmp_path / "report.md").read_text()
-    assert "## qa" in report and "Every quickdraft method produced the baseline's tokens" in report
+    assert "## qa" in report and "Every quickdraft method produced its reference's tokens" in report
+    assert "| prompt-lookup:precision=int4 |" in report and "0/1 vs none:precision=int4,runner=auto |" in report
     raw = json.loads((tmp_path / "results.json").read_text())
     assert raw["summaries"]["overall"]["transformers generate"]["mismatches"] == []
     assert all((tmp_path / name).is_file() for name in ("speedup_by_category.png", "acceptance_by_position.png",
