@@ -58,7 +58,8 @@ def main() -> None:
         h = int4_mm(rms_norm(x, n1, w.eps), qkv, 32, qkvs)  # [1, (H + 2 KV) D]
         qk = rotate(h[:, : (heads + kv_heads) * dim].view(1, heads + kv_heads, dim).transpose(0, 1), cos, sin)
         k_cache[:, CONTEXT : CONTEXT + 1] = qk[heads:]
-        v_cache[:, CONTEXT : CONTEXT + 1, :dim] = h[:, (heads + kv_heads) * dim :].view(1, kv_heads, dim).transpose(0, 1)
+        v = h[:, (heads + kv_heads) * dim :].view(1, kv_heads, dim).transpose(0, 1)  # [KV, 1, D]
+        v_cache[:, CONTEXT : CONTEXT + 1, :dim] = v
         columns = F.pad(qk[:heads].float().reshape(kv_heads, group, dim).transpose(1, 2), (0, BLOCK - group))
         scores = torch.matmul(k_cache, columns)[..., :group].view(kv_heads, BUCKET, group, 1)
         scores = scores.mul(dim ** -0.5).masked_fill(hidden, float("-inf"))

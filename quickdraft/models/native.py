@@ -205,9 +205,9 @@ class NativeRunner:
             # Causal: token i sees the cache and the new tokens up to itself.
             mask = torch.ones(n, start + n, dtype=torch.bool).tril(diagonal=start)
         if self.weights.dtype == torch.float32:
-            attention = Attention(start + n, None if mask is None else mask[None, None], [])
+            attention = Attention(None if mask is None else mask[None, None], [])
         else:
-            attention = Attention(start + n, None, row_groups(start, n, mask, self.max_length))
+            attention = Attention(None, row_groups(start, n, mask, self.max_length))
         return self._cos[position_ids], self._sin[position_ids], attention
 
     def _attend(self, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -257,7 +257,6 @@ class Attention:
     """What one sequence's attention needs in a pass: fp32 runners use SDPA with `mask`
     [1, 1, n, keys] (None: all visible); low-precision runners use row-invariant `groups`."""
 
-    keys: int
     mask: torch.Tensor | None
     groups: list[RowGroup]
 
@@ -348,9 +347,9 @@ def row_invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.T
     low-precision verify pass agrees exactly with plain decoding.
 
     q [H, n, D], keys [KV, L, D] and values [KV, L, D + 1] (fp32; the last column is 1),
-    hidden [L, 1, n] (True: masked) -> [H, n, D] in q's dtype. Why not SDPA: its CPU kernel blocks its sums by
-    the pass's shape, so a token's bf16 output changed with the tokens beside it (62 of 820
-    rows differed even over equal key counts). Here both matmuls put the keys on the rows and
+    hidden [L, 1, n] (True: masked) -> [H, n, D] in q's dtype. Why not SDPA: its CPU kernel
+    blocks its sums by the pass's shape, so a token's bf16 output changed with the tokens
+    beside it (62 of 820 rows differed even over equal key counts). Here both matmuls put the keys on the rows and
     the queries on the columns, with L fixed (the row's bucket) and the columns padded to whole
     blocks of 16: measured on this CPU, a column's result then does not depend on how many
     columns there are (a single column, or a part-filled block, can take another kernel).

@@ -1,11 +1,12 @@
 """Linear layers over int8 or int4 weights, computed by PyTorch's own CPU kernels.
 
-Why these kernels: measured over the default target's 120 layer weights (2 threads, cold
-caches), one-token passes take 14.1 ms with prepacked bf16 weights, 10.4 ms with per-channel
-int8 and 4.4 ms with group-wise int4 (BENCHMARKS.md). Both kernels want bf16 activations
-(their fp32 paths are not vectorised: 10-30x slower), and both compute each row of a pass
-independently of the others, so a verify pass gives every token bit-for-bit the result a
-one-token pass gives it: greedy speculation stays exactly plain greedy decoding.
+Why these kernels: in a trial over the default target's 120 layer matrices (2 threads, cold
+caches) one-token products took 14.1 ms with prepacked bf16 weights, 10.4 ms with per-channel
+int8 and 4.4 ms with group-wise int4; whole passes are in BENCHMARKS.md (runner bench). Both
+kernels want bf16 activations (their fp32 paths are not vectorised: 10-30x slower), and both
+compute each row of a pass independently of the others (tests/test_quantize.py), so a verify
+pass gives every token bit-for-bit the result a one-token pass gives it: greedy speculation
+stays exactly plain greedy decoding.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class Int4Linear:
     def __init__(self, weight: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.q.to(torch.int32), 1)  # [out, in/2]
         # The kernel's layout: [in / group, out, (scale, zero)].
-        self.scales_and_zeros = torch.stack([weight.scales, weight.zeros], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        pairs = torch.stack([weight.scales, weight.zeros], dim=-1)  # [out, in / group, 2]
+        self.scales_and_zeros = pairs.transpose(0, 1).contiguous().to(dtype)
         self.group = weight.group
         self.bias = None if bias is None else bias.to(dtype)
         self.out_features = weight.q.shape[0]
