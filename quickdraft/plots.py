@@ -53,7 +53,8 @@ def plot_grouped_bars(path: Path, table: dict[str, dict[str, float]], ylabel: st
         axes.axhline(reference, color="grey", linewidth=0.8, linestyle="--")
     axes.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], groups)
     axes.set(ylabel=ylabel, title=title)
-    axes.legend(fontsize=7, ncol=2)
+    # Below the axes: with many series a legend inside would cover the tallest bars.
+    axes.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08), frameon=False)
     return _save(figure, path)
 
 
