@@ -46,7 +46,12 @@ class PackedLinear:
         return F.linear(x, self.weight, self.bias)
 
 
-COLUMN_BLOCK = 16  # rows of x per block of columns: whole blocks keep every row on the main kernel
+COLUMN_BLOCK = 16  # rows as matmul columns come in whole blocks of this many: each stays on the main kernel
+
+
+def whole_column_blocks(n: int) -> int:
+    """n rounded up to whole COLUMN_BLOCKs: the column count a row-invariant matmul computes."""
+    return -(-n // COLUMN_BLOCK) * COLUMN_BLOCK
 
 
 class ColumnLinear:
@@ -71,7 +76,7 @@ class ColumnLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """[n, in] -> [n, out]."""
         n = x.shape[0]
-        columns = torch.zeros(x.shape[1], -(-n // COLUMN_BLOCK) * COLUMN_BLOCK, dtype=x.dtype)  # [in, n (+ pad)]
+        columns = torch.zeros(x.shape[1], whole_column_blocks(n), dtype=x.dtype)  # [in, n (+ pad)]
         columns[:, :n] = x.T
         y = torch.matmul(self.weight, columns)[:, :n].T  # [n, out]
         return y if self.bias is None else y + self.bias

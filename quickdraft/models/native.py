@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.linear import ColumnLinear, PackedLinear
+from quickdraft.models.linear import ColumnLinear, PackedLinear, whole_column_blocks
 from quickdraft.models.precision import Precision, get_precision
 from quickdraft.models.quantize import Int4Weight, stack_int4
 from quickdraft.models.quantized_linear import Int4Linear, Int8Linear, quantized_linear
@@ -338,9 +338,6 @@ def forward_batch(segments: list[Segment]) -> list[torch.Tensor]:
     return list(logits.split([r.shape[0] for r in rows]))
 
 
-COLUMN_BLOCK = 16  # query columns per matmul block in row-invariant attention
-
-
 def row_invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                             hidden: torch.Tensor) -> torch.Tensor:
     """Softmax attention that gives each query row the bits it gets in a one-token pass, so a
@@ -359,7 +356,7 @@ def row_invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.T
     kv_heads, length, _ = keys.shape
     group = heads // kv_heads  # query heads per KV head, consecutive as in transformers
     cols = group * n
-    padded = -(-cols // COLUMN_BLOCK) * COLUMN_BLOCK  # whole blocks: every column takes the main kernel
+    padded = whole_column_blocks(cols)  # every column takes the main kernel, as in ColumnLinear
     columns = F.pad(q.float().reshape(kv_heads, cols, dim).transpose(1, 2), (0, padded - cols))  # [KV, D, pad]
     scores = torch.matmul(keys, columns)[..., :cols].view(kv_heads, length, group, n)  # [KV, L, G, n]
     scores = scores.mul_(dim ** -0.5).masked_fill_(hidden, float("-inf"))
