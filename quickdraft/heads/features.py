@@ -1,0 +1,73 @@
+"""Teacher-forced features: each training example through the target once, its last hidden state
+(after the final norm) kept on disk next to the tokens, so heads train without the target."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from quickdraft.heads.data import Example
+
+SHARD_EXAMPLES = 256  # examples per shard file: a crash loses at most one shard
+
+
+def encode_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_tokens: int) -> tuple[list[int], int]:
+    """Token ids of the whole conversation and where the response starts (the heads learn the response)."""
+    if example.prompt and tokenizer.chat_template:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": example.prompt}],
+                                               add_generation_prompt=True, tokenize=True)
+        prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    else:
+        prompt = tokenizer.encode(example.prompt) if example.prompt else []
+    ids = prompt + tokenizer.encode(example.response, add_special_tokens=False)
+    return ids[:max_tokens], min(len(prompt), max_tokens)
+
+
+@torch.inference_mode()
+def extract_features(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: list[Example],
+                     folder: Path, max_tokens: int = 512, progress: bool = True) -> Path:
+    """Write shards features-NNNNN.safetensors (tokens int32 [N], hidden bf16 [N, H], offsets
+    int64 [E + 1], starts int64 [E]) and index.json into `folder`; shards already there are kept."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shards = [examples[i : i + SHARD_EXAMPLES] for i in range(0, len(examples), SHARD_EXAMPLES)]
+    bar = tqdm(total=len(examples), desc="features", unit="example", disable=not progress)
+    names = []
+    for number, shard in enumerate(shards):
+        name = f"features-{number:05d}.safetensors"
+        names.append(name)
+        if (folder / name).is_file():
+            bar.update(len(shard))
+            continue
+        tokens, hidden, offsets, starts = [], [], [0], []
+        for example in shard:
+            ids, start = encode_example(tokenizer, example, max_tokens)
+            if len(ids) - start < 2:
+                bar.update(1)
+                continue  # nothing to learn from
+            states = model.model(torch.tensor([ids])).last_hidden_state[0]  # [T, H], after the final norm
+            tokens.append(torch.tensor(ids, dtype=torch.int32))
+            hidden.append(states.to(torch.bfloat16))
+            offsets.append(offsets[-1] + len(ids))
+            starts.append(start)
+            bar.update(1)
+        if not tokens:
+            names.pop()
+            continue
+        staging = folder / (name + ".partial")
+        save_file({"tokens": torch.cat(tokens), "hidden": torch.cat(hidden),
+                   "offsets": torch.tensor(offsets), "starts": torch.tensor(starts)}, str(staging))
+        staging.rename(folder / name)  # atomic: a half-written shard is never read
+    bar.close()
+    (folder / "index.json").write_text(json.dumps({"shards": names, "max_tokens": max_tokens}))
+    return folder
+
+
+def load_features(folder: Path) -> list[dict[str, torch.Tensor]]:
+    """The shards extract_features wrote, in order."""
+    index = json.loads((folder / "index.json").read_text())
+    return [load_file(str(folder / name)) for name in index["shards"]]

@@ -1,0 +1,50 @@
+"""Medusa heads (Cai et al. 2024): head k reads the target's last hidden state at position t and
+predicts the token at t + k + 2 (the target's own head predicts t + 1), through the target's LM head."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ResidualBlock(nn.Module):
+    """x + SiLU(W x + b); W starts at zero, so a fresh head starts as the target's own next-token head."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """`heads` residual blocks sharing the target's (frozen) LM head weight [V, H]."""
+
+    def __init__(self, lm_head: torch.Tensor, heads: int) -> None:
+        super().__init__()
+        vocab, hidden = lm_head.shape
+        self.blocks = nn.ModuleList(ResidualBlock(hidden) for _ in range(heads))
+        self.register_buffer("lm_head", lm_head.detach().float(), persistent=False)
+
+    @property
+    def heads(self) -> int:
+        return len(self.blocks)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [heads, ..., V] logits."""
+        return torch.stack([F.linear(block(hidden), self.lm_head) for block in self.blocks])
+
+
+def medusa_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy over heads, and each head's top-1 accuracy.
+
+    logits [heads, P, V]; targets [heads, P] (head k's token at t + k + 2; -1 where past the end)."""
+    valid = targets >= 0  # [heads, P]
+    loss = F.cross_entropy(logits[valid], targets[valid])
+    correct = (logits.argmax(-1) == targets) & valid
+    accuracy = correct.sum(-1).float() / valid.sum(-1).clamp(min=1)  # [heads]
+    return loss, accuracy
