@@ -96,6 +96,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
     serve.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
 
+    train = commands.add_parser("train", help="train draft heads (Medusa) on the target's own hidden states")
+    train.add_argument("kind", choices=["medusa"])
+    train.add_argument("--target", help="hub id, folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    train.add_argument("--data", type=Path, nargs="+", required=True,
+                       help="training files: alpaca-style JSON, JSONL (question/answer, prompt/response, "
+                            "text) or plain .txt; evaluation sets are refused")
+    train.add_argument("--output", type=Path, required=True, help="folder for features, checkpoint and heads")
+    train.add_argument("--heads", type=int, default=3)
+    train.add_argument("--steps", type=int, default=2000)
+    train.add_argument("--positions", type=int, default=256, help="sampled positions per step")
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--max-examples", type=int, help="use the first N examples")
+    train.add_argument("--max-tokens", type=int, default=256, help="tokens per example (prompt + response)")
+    train.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+
     analyze = commands.add_parser("analyze", help="expected tokens per pass, predicted speedup, best K")
     analyze.add_argument("--alpha", type=float, help="acceptance rate per draft token")
     analyze.add_argument("--k", type=int, help="draft tokens per step")
@@ -127,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             return _bench(args)
         if args.command == "serve":
             return _serve(args)
+        if args.command == "train":
+            return _train(args)
         return _generate(args)
     except QuickdraftError as error:
         print(f"quickdraft: error: {error}", file=sys.stderr)
@@ -150,6 +167,20 @@ def _set_threads(threads: int | None) -> None:
         if threads < 1:
             raise QuickdraftError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)  # process-wide by nature: set once, here, by the user
+
+
+def _train(args: argparse.Namespace) -> int:
+    from quickdraft.heads.command import train
+    from quickdraft.heads.train import TrainSettings
+
+    _set_threads(args.threads)
+    settings = TrainSettings(steps=args.steps, positions=args.positions, lr=args.lr)
+    result = train(args.kind, args.target, args.data, args.output, args.heads, args.max_examples,
+                   args.max_tokens, settings)
+    top1 = ", ".join(f"head {i + 1}: {a:.1%}" for i, a in enumerate(result["held_out_top1"]))
+    print(f"trained {result['heads']} {args.kind} heads for {result['target']} in {result['steps']} steps; "
+          f"held-out top-1 {top1}; saved in {args.output}")
+    return 0
 
 
 def _bench(args: argparse.Namespace) -> int:

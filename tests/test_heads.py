@@ -71,3 +71,14 @@ def test_medusa_training_lowers_the_loss_resumes_and_saves(tiny_target, tmp_path
     # Resuming at the last step does nothing more and gives the same heads.
     again = train_medusa(shards, lm_head, 2, tmp_path / "heads", settings, "tiny", progress=False)
     assert again["steps"] == 60 and torch.equal(load_medusa(tmp_path / "heads", lm_head)(hidden), loaded(hidden))
+
+
+def test_train_command_refuses_evaluation_data_before_loading_anything(tmp_path, capsys):
+    from quickdraft.cli import main
+
+    data = tmp_path / "spec_bench" / "question.jsonl"
+    data.parent.mkdir()
+    data.write_text(json.dumps({"category": "qa", "turns": ["q"]}) + "\n")
+    assert main(["train", "medusa", "--data", str(data), "--output", str(tmp_path / "out")]) == 2
+    assert "evaluation set" in capsys.readouterr().err
+    assert main(["train", "medusa", "--data", str(tmp_path / "none.json"), "--output", str(tmp_path)]) == 2

@@ -19,9 +19,9 @@ SHARD_EXAMPLES = 256  # examples per shard file: a crash loses at most one shard
 def encode_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_tokens: int) -> tuple[list[int], int]:
     """Token ids of the whole conversation and where the response starts (the heads learn the response)."""
     if example.prompt and tokenizer.chat_template:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": example.prompt}],
-                                               add_generation_prompt=True, tokenize=True)
-        prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+        text = tokenizer.apply_chat_template([{"role": "user", "content": example.prompt}],
+                                             add_generation_prompt=True, tokenize=False)
+        prompt = tokenizer.encode(text, add_special_tokens=False)  # as Decoder.encode_chat does
     else:
         prompt = tokenizer.encode(example.prompt) if example.prompt else []
     ids = prompt + tokenizer.encode(example.response, add_special_tokens=False)
