@@ -38,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--window", type=int, default=4, help="lookahead: Jacobi window width W")
     gen.add_argument("--ngram", type=int, default=3, help="lookahead: n-gram size N")
     gen.add_argument("--candidates", type=int, default=4, help="lookahead: n-grams verified per pass G")
+    gen.add_argument("--head", help="eagle/medusa: folder of a trained head (default: the one shipped for the "
+                                    "embedded target)")
+    gen.add_argument("--tree-top-k", type=int, default=4,
+                     help="eagle/medusa: children per expanded node and nodes expanded per tree level")
+    gen.add_argument("--tree-nodes", type=int, default=16, help="eagle/medusa: draft tokens verified per pass")
     gen.add_argument("--draft-length", choices=list(DRAFT_LENGTHS),
                      help="fixed K; adaptive (grow after full accepts, shrink after rejections); "
                           "cost (K that maximises expected tokens/s from measured times); "
@@ -96,19 +101,27 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
     serve.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
 
-    train = commands.add_parser("train", help="train draft heads (Medusa) on the target's own hidden states")
-    train.add_argument("kind", choices=["medusa"])
+    train = commands.add_parser("train", help="train a draft head (EAGLE or Medusa) on the target's hidden states")
+    train.add_argument("kind", choices=["eagle", "medusa"])
     train.add_argument("--target", help="hub id, folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
     train.add_argument("--data", type=Path, nargs="+", required=True,
                        help="training files: alpaca-style JSON, JSONL (question/answer, prompt/response, "
                             "text) or plain .txt; evaluation sets are refused")
-    train.add_argument("--output", type=Path, required=True, help="folder for features, checkpoint and heads")
-    train.add_argument("--heads", type=int, default=3)
+    train.add_argument("--output", type=Path, required=True, help="folder for the checkpoint and the head")
+    train.add_argument("--cache", type=Path,
+                       help="folder for self-distilled text and features, shareable between kinds "
+                            "(default: OUTPUT/cache)")
+    train.add_argument("--distill", type=int, metavar="TOKENS",
+                       help="replace each response by the target's own greedy one, up to TOKENS tokens")
+    train.add_argument("--heads", type=int, default=3, help="medusa: number of heads")
     train.add_argument("--steps", type=int, default=2000)
-    train.add_argument("--positions", type=int, default=256, help="sampled positions per step")
+    train.add_argument("--positions", type=int, default=256, help="medusa: sampled positions per step")
+    train.add_argument("--sequences", type=int, default=8, help="eagle: sequences per step")
+    train.add_argument("--window", type=int, default=256, help="eagle: longest stretch of a sequence per step")
+    train.add_argument("--vocab", type=int, default=8192, help="draft vocabulary: most frequent response tokens")
     train.add_argument("--lr", type=float, default=1e-3)
-    train.add_argument("--max-examples", type=int, help="use the first N examples")
-    train.add_argument("--max-tokens", type=int, default=256, help="tokens per example (prompt + response)")
+    train.add_argument("--max-examples", type=int, help="use the first N examples of each file")
+    train.add_argument("--max-tokens", type=int, default=512, help="tokens per example (prompt + response)")
     train.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
 
     analyze = commands.add_parser("analyze", help="expected tokens per pass, predicted speedup, best K")
@@ -174,12 +187,18 @@ def _train(args: argparse.Namespace) -> int:
     from quickdraft.heads.train import TrainSettings
 
     _set_threads(args.threads)
-    settings = TrainSettings(steps=args.steps, positions=args.positions, lr=args.lr)
-    result = train(args.kind, args.target, args.data, args.output, args.heads, args.max_examples,
-                   args.max_tokens, settings)
-    top1 = ", ".join(f"head {i + 1}: {a:.1%}" for i, a in enumerate(result["held_out_top1"]))
-    print(f"trained {result['heads']} {args.kind} heads for {result['target']} in {result['steps']} steps; "
-          f"held-out top-1 {top1}; saved in {args.output}")
+    settings = TrainSettings(steps=args.steps, positions=args.positions, sequences=args.sequences,
+                             window=args.window, lr=args.lr, vocab=args.vocab)
+    for flag in ("steps", "positions", "sequences", "window", "vocab", "heads"):
+        if getattr(args, flag) < 1:
+            raise QuickdraftError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+    result = train(args.kind, args.target, args.data, args.output, heads=args.heads,
+                   max_examples=args.max_examples, max_tokens=args.max_tokens, distill_tokens=args.distill,
+                   cache=args.cache, settings=settings)
+    top1 = ", ".join(f"{a:.1%}" for a in result["held_out_top1"])
+    print(f"trained a {args.kind} head for {result['target']} in {result['steps']} steps; held-out top-1 "
+          f"(teacher-forced) {top1}; draft vocabulary {result['draft_vocab']} tokens covering "
+          f"{result['draft_vocab_coverage']:.1%}; saved in {args.output}")
     return 0
 
 
@@ -232,6 +251,7 @@ def _generate(args: argparse.Namespace) -> int:
                               max_ngram=args.max_ngram, min_ngram=args.min_ngram,
                               draft_length=args.draft_length, k_max=args.k_max, confidence=args.confidence,
                               window=args.window, ngram=args.ngram, candidates=args.candidates,
+                              head=args.head, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
                               runner=args.runner, precision=args.precision,
                               **({"layers": args.layers} if args.layers is not None else {}))
     options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

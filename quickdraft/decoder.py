@@ -86,7 +86,7 @@ class Decoder:
         def runner_for(loaded: LoadedModel, layers: list[int] | None = None):
             return make_runner(loaded, runner, layers, precision)
 
-        self._target_runner = runner_for(target)
+        self._target_runner = make_runner(target, runner, None, precision, keep_hidden=spec.needs_hidden)
         self._drafter = spec.build(target, draft, self.options, runner_for)
         self.eos_ids = _eos_ids(target)
         self.calibration: dict[int, float] | None = None  # self-spec depth -> tok/s, when calibrated

@@ -19,7 +19,7 @@ from quickdraft.models.runner import Runner
 from quickdraft.sampling import SamplingParams
 from quickdraft.stats import Stats, StepRecord
 from quickdraft.tree import chain_parents, depths, pass_layout
-from quickdraft.verify import Verdict, verify, verify_tree
+from quickdraft.verify import Verdict, verify_tree
 
 StopCheck = Callable[[list[int]], bool]  # new token ids -> True when a stop string appeared
 
@@ -86,6 +86,8 @@ class Generation:
         if self.prompt_length > 1:
             self.target.forward(self.tokens[:-1], all_logits=False)
         self.drafter.begin(self.tokens)
+        if self.drafter.needs_hidden and self.prompt_length > 1:
+            self.drafter.observe_hidden(self.target.hidden)  # [prompt - 1, H]
         self.stats.prefill_time = time.perf_counter() - start
 
     def step(self) -> StepRecord:
@@ -102,7 +104,7 @@ class Generation:
         k = max(0, min(self.draft_length.next_k(), remaining - 1, room))
         root = len(self.tokens) - 1  # the newest token: its position and its cache slot
         start = time.perf_counter()
-        draft = self.drafter.propose(self.tokens, k, self.sampling, self.generator)
+        draft = self.drafter.propose(self.tokens, k, self.sampling, self.generator).fitted(room)
         inputs = [self.tokens[-1], *draft.tokens, *draft.aux_tokens]
         if draft.is_chain:  # the runner's causal default
             return PassPlan(k, root, draft, inputs, None, None, None, start, time.perf_counter())
@@ -125,6 +127,8 @@ class Generation:
             # drops whatever it holds past the accepted tokens.
             self.target.keep([*range(root + 1), *(root + 1 + i for i in verdict.path)])
             self.drafter.rollback(self.tokens)
+            if self.drafter.needs_hidden:  # where the target predicted each emitted token
+                self.drafter.observe_hidden(self.target.hidden[[0, *(1 + i for i in verdict.path)]])
         record = StepRecord(
             k=plan.k,
             draft_tokens=list(draft.tokens),
@@ -145,14 +149,13 @@ class Generation:
         return record
 
     def _verify(self, plan: PassPlan, logits: torch.Tensor) -> Verdict:
-        """The rejection sampler over the pass's logits (chain, or tree + aux tokens)."""
-        draft, parents = plan.draft, plan.parents
-        if parents is None:
-            draft_tokens = torch.tensor(draft.tokens, dtype=torch.long)  # [K]
-            return verify(draft_tokens, draft.probs, logits, self.sampling, self.generator)
+        """The rejection sampler over the pass's logits (a chain is a tree; aux tokens go to the drafter)."""
+        draft = plan.draft
+        parents = plan.parents if plan.parents is not None else chain_parents(len(draft.tokens))
         if draft.aux_tokens:
             self.drafter.observe(logits[len(draft.tokens) + 1 :])
-        return verify_tree(draft.tokens, parents, logits[: len(draft.tokens) + 1], self.sampling, self.generator)
+        return verify_tree(draft.tokens, parents, logits[: len(draft.tokens) + 1], self.sampling, self.generator,
+                           draft.probs)
 
     def _emit(self, proposed: list[int]) -> list[int]:
         """Append tokens one by one, stopping exactly at max_new_tokens, EOS or a stop string."""

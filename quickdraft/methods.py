@@ -9,7 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from quickdraft.drafters import DraftModelDrafter, Drafter, LookaheadDrafter, NoDrafter, PromptLookupDrafter
+from quickdraft.drafters.eagle import EagleDrafter
+from quickdraft.drafters.medusa import MedusaDrafter
 from quickdraft.errors import QuickdraftError
+from quickdraft.heads.store import load_head
 from quickdraft.models.layer_subset import decoder_layers, resolve_layers
 from quickdraft.models.loading import LoadedModel
 from quickdraft.models.runner import Runner
@@ -26,6 +29,9 @@ class DrafterOptions:
     window: int = 4  # lookahead: Jacobi window width W
     ngram: int = 3  # lookahead: n-gram size N
     candidates: int = 4  # lookahead: n-grams verified per pass G
+    head: str | None = None  # eagle/medusa: folder of a trained head (None: the one shipped for the target)
+    tree_top_k: int = 4  # eagle/medusa: children per expanded node, nodes expanded per level
+    tree_nodes: int = 16  # eagle/medusa: draft tokens verified per pass
 
 
 RunnerFactory = Callable[..., Runner]  # (loaded model, layers=None) -> a runner for it
@@ -40,6 +46,7 @@ class Method:
     speculative: bool = True
     drafts_trees: bool = False  # verifies token trees: acceptance is not the chain's alpha
     default_draft_length: str = "fixed"  # "cost" where K should follow the machine's pass costs
+    needs_hidden: bool = False  # drafts from the target's hidden states
 
 
 def _build_draft(target: LoadedModel, draft: LoadedModel | None, options: DrafterOptions,
@@ -60,6 +67,16 @@ def _build_self_spec(target: LoadedModel, draft: LoadedModel | None, options: Dr
     return DraftModelDrafter(make_runner(target, layers=layers), options.confidence)
 
 
+def _build_medusa(target: LoadedModel, draft: LoadedModel | None, options: DrafterOptions,
+                  make_runner: RunnerFactory) -> Drafter:
+    return MedusaDrafter(load_head("medusa", target, options.head), options.tree_top_k, options.tree_nodes)
+
+
+def _build_eagle(target: LoadedModel, draft: LoadedModel | None, options: DrafterOptions,
+                 make_runner: RunnerFactory) -> Drafter:
+    return EagleDrafter(load_head("eagle", target, options.head), options.tree_top_k, options.tree_nodes)
+
+
 METHODS: dict[str, Method] = {
     "none": Method(lambda target, draft, options, make_runner: NoDrafter(), default_k=0, speculative=False),
     "draft": Method(_build_draft, default_k=4, needs_draft_model=True),
@@ -75,6 +92,9 @@ METHODS: dict[str, Method] = {
         default_k=2,  # caps each verified n-gram's length; N - 1 is the most it can use
         drafts_trees=True,
     ),
+    # K is the tree's depth; tree_nodes its size after reranking.
+    "medusa": Method(_build_medusa, default_k=3, drafts_trees=True, needs_hidden=True),
+    "eagle": Method(_build_eagle, default_k=5, drafts_trees=True, needs_hidden=True),
 }
 
 

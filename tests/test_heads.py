@@ -1,4 +1,5 @@
-"""Draft-head training on tiny models: data formats, features, Medusa training, save and load."""
+"""Draft-head training on tiny models: data formats, features, draft vocabulary, Medusa and EAGLE
+training (the loss falls, training resumes), save and load."""
 
 import json
 
@@ -7,18 +8,12 @@ import torch
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.data import Example, read_examples
+from quickdraft.heads.eagle import EagleConfig, EagleHead
 from quickdraft.heads.features import extract_features, load_features
 from quickdraft.heads.medusa import MedusaHeads, medusa_loss
-from quickdraft.heads.train import TrainSettings, load_medusa, medusa_positions, train_medusa
-
-
-class IdTokenizer:
-    """Characters as token ids (0..31), no chat template: enough for features on a tiny model."""
-
-    chat_template = None
-
-    def encode(self, text, add_special_tokens=True):
-        return [ord(c) % 32 for c in text]
+from quickdraft.heads.train import (TrainSettings, eagle_batch, eagle_sequences, load_eagle, load_medusa,
+                                    medusa_positions, train_eagle, train_medusa)
+from quickdraft.heads.vocab import coverage, draft_vocabulary, vocabulary_index
 
 
 def test_training_files_in_every_format_and_evaluation_sets_refused(tmp_path):
@@ -43,34 +38,107 @@ def test_head_targets_are_the_tokens_k_plus_2_ahead():
     assert data.targets.tolist() == [[3, 4, 5, -1], [4, 5, -1, -1]]
 
 
+def test_draft_vocabulary_keeps_the_most_frequent_tokens():
+    shard = {"tokens": torch.tensor([9, 1, 1, 1, 2, 2, 3], dtype=torch.int32),
+             "offsets": torch.tensor([0, 7]), "starts": torch.tensor([1])}  # 9 is the prompt
+    vocab = draft_vocabulary([shard], 2, 10)
+    assert vocab.tolist() == [1, 2]
+    assert vocabulary_index(vocab, 10).tolist() == [-1, 0, 1, -1, -1, -1, -1, -1, -1, -1]
+    assert coverage([shard], vocab, 10) == 5 / 6
+
+
+def test_eagle_batch_pairs_each_state_with_the_next_token():
+    tokens = torch.arange(10, 16)  # 6 tokens, the response starts at index 3
+    hidden = torch.arange(6.0)[:, None].expand(6, 2).to(torch.bfloat16)
+    data = eagle_sequences([{"tokens": tokens.int(), "hidden": hidden, "offsets": torch.tensor([0, 6]),
+                             "starts": torch.tensor([3])}])
+    batch = eagle_batch(data, [0], 64, vocabulary_index(torch.arange(20), 20), 0.0, torch.Generator())
+    assert batch["hidden"][0, :, 0].tolist() == [0, 1, 2, 3, 4]  # f_j
+    assert batch["tokens"][0].tolist() == [11, 12, 13, 14, 15]  # x_{j+1}
+    assert batch["targets"][0, :, 0].tolist() == [1, 2, 3, 4, 5]  # f_{j+1}
+    assert batch["labels"][0].tolist() == [12, 13, 14, 15, -1]  # x_{j+2}
+    assert batch["weight"][0].tolist() == [False, True, True, True, False]  # x_{j+2} in the response
+
+
+class IdTokenizer:
+    """Characters as token ids (0..31), no chat template: enough for features on a tiny model."""
+
+    chat_template = None
+
+    def encode(self, text, add_special_tokens=True):
+        return [ord(c) % 32 for c in text]
+
+
+@pytest.fixture(scope="module")
+def tiny_shards(tiny_target, tmp_path_factory):
+    from quickdraft.heads.features import encode_example
+
+    text = "abcdefgh " * 12
+    sequences = [encode_example(IdTokenizer(), Example("", text[i:] + text[:i]), 256) for i in range(40)]
+    folder = tmp_path_factory.mktemp("features")
+    shards = load_features(extract_features(tiny_target, sequences, folder, progress=False))
+    with pytest.raises(QuickdraftError, match="other training data"):
+        extract_features(tiny_target, sequences[:5], folder, progress=False)
+    return shards
+
+
 def test_a_fresh_head_is_the_targets_own_next_token_head():
     lm_head = torch.randn(32, 8)
     hidden = torch.randn(5, 8)
     assert torch.allclose(MedusaHeads(lm_head, 3)(hidden)[1], hidden @ lm_head.T)
 
 
-def test_medusa_training_lowers_the_loss_resumes_and_saves(tiny_target, tmp_path):
-    text = "abcdefgh " * 12
-    examples = [Example("", text[i:] + text[:i]) for i in range(40)]
-    features = extract_features(tiny_target, IdTokenizer(), examples, tmp_path / "features", progress=False)
-    shards = load_features(features)
-    assert shards[0]["hidden"].shape[1] == tiny_target.config.hidden_size
+def test_medusa_training_lowers_the_loss_resumes_and_saves(tiny_target, tiny_shards, tmp_path):
+    assert tiny_shards[0]["hidden"].shape[1] == tiny_target.config.hidden_size
     lm_head = tiny_target.lm_head.weight.detach()
     settings = TrainSettings(steps=60, positions=128, lr=3e-3, eval_every=20, checkpoint_every=30)
     before = MedusaHeads(lm_head, 2)
-    data = medusa_positions(shards, 2)
+    data = medusa_positions(tiny_shards, 2)
     first_loss = medusa_loss(before(data.hidden[data.rows].float()), data.targets)[0].item()
-    result = train_medusa(shards, lm_head, 2, tmp_path / "heads", settings, "tiny", progress=False)
+    result = train_medusa(tiny_shards, lm_head, 2, tmp_path / "heads", settings, "tiny", progress=False)
     assert result["final_loss"] < 0.7 * first_loss
     assert result["held_out_top1"][0] > 0.5  # a repeating text: head 1 learns it
     loaded = load_medusa(tmp_path / "heads", lm_head)
     hidden = data.hidden[data.rows[:10]].float()
-    trained = MedusaHeads(lm_head, 2)
+    trained = MedusaHeads(lm_head, 2, loaded.vocab)
     trained.load_state_dict(torch.load(tmp_path / "heads" / "checkpoint.pt")["model"])
     assert torch.equal(loaded(hidden), trained(hidden))
     # Resuming at the last step does nothing more and gives the same heads.
-    again = train_medusa(shards, lm_head, 2, tmp_path / "heads", settings, "tiny", progress=False)
+    again = train_medusa(tiny_shards, lm_head, 2, tmp_path / "heads", settings, "tiny", progress=False)
     assert again["steps"] == 60 and torch.equal(load_medusa(tmp_path / "heads", lm_head)(hidden), loaded(hidden))
+
+
+def test_eagle_training_lowers_the_loss_and_saves(tiny_target, tiny_shards, tmp_path):
+    lm_head, embed = tiny_target.lm_head.weight.detach(), tiny_target.model.embed_tokens.weight.detach()
+    settings = TrainSettings(steps=80, sequences=4, window=64, lr=3e-3, eval_every=40, checkpoint_every=40)
+    fresh = train_eagle(tiny_shards, lm_head, embed, tiny_target.config, tmp_path / "fresh",
+                        TrainSettings(steps=1, lr=0.0), "tiny", progress=False)
+    result = train_eagle(tiny_shards, lm_head, embed, tiny_target.config, tmp_path / "eagle", settings, "tiny",
+                         progress=False)
+    assert result["final_loss"] < 0.7 * fresh["final_loss"]
+    assert result["held_out_top1"][0] > 0.6 > fresh["held_out_top1"][0]
+    config = json.loads((tmp_path / "eagle" / "config.json").read_text())
+    assert config["kind"] == "eagle" and config["target"] == "tiny"
+    head = load_eagle(tmp_path / "eagle", lm_head, embed)
+    trained = EagleHead(EagleConfig(**config["layer"]), embed, lm_head, head.vocab)
+    trained.load_state_dict(torch.load(tmp_path / "eagle" / "checkpoint.pt")["model"])
+    hidden, tokens = torch.randn(1, 5, tiny_target.config.hidden_size), torch.tensor([[1, 2, 3, 4, 5]])
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()[None]
+    with torch.no_grad():
+        assert torch.equal(head(hidden, tokens, torch.arange(5)[None], mask)[0],
+                           trained(hidden, tokens, torch.arange(5)[None], mask)[0])
+
+
+def test_eagle_head_with_a_cache_equals_one_pass():
+    config = EagleConfig(hidden=16, intermediate=32, heads=4, kv_heads=2, head_dim=4, rope_theta=10000.0, eps=1e-6)
+    head = EagleHead(config, torch.randn(20, 16), torch.randn(20, 16), torch.arange(20)).eval()
+    hidden, tokens, positions = torch.randn(1, 6, 16), torch.randint(20, (1, 6)), torch.arange(6)[None]
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()[None]
+    with torch.no_grad():
+        whole = head(hidden, tokens, positions, causal)[0]
+        first, keys, values = head(hidden[:, :4], tokens[:, :4], positions[:, :4], causal[:, :4, :4])
+        rest = head(hidden[:, 4:], tokens[:, 4:], positions[:, 4:], causal[:, 4:], (keys, values))[0]
+    assert torch.allclose(torch.cat([first, rest], 1), whole, atol=1e-5)
 
 
 def test_train_command_refuses_evaluation_data_before_loading_anything(tmp_path, capsys):
@@ -81,4 +149,5 @@ def test_train_command_refuses_evaluation_data_before_loading_anything(tmp_path,
     data.write_text(json.dumps({"category": "qa", "turns": ["q"]}) + "\n")
     assert main(["train", "medusa", "--data", str(data), "--output", str(tmp_path / "out")]) == 2
     assert "evaluation set" in capsys.readouterr().err
-    assert main(["train", "medusa", "--data", str(tmp_path / "none.json"), "--output", str(tmp_path)]) == 2
+    assert main(["train", "eagle", "--data", str(tmp_path / "none.json"), "--output", str(tmp_path)]) == 2
+    assert "not found" in capsys.readouterr().err

@@ -3,13 +3,18 @@
 import torch
 
 from quickdraft.sampling import SamplingParams
-from quickdraft.verify import residual_distribution, verify, verify_greedy, verify_stochastic
+from quickdraft.verify import residual_distribution, verify, verify_tree
 
 from stats_util import chi_square_p_value
 
 
-def logits_of(rows):
-    return torch.tensor(rows, dtype=torch.float32).log()
+def verify_greedy(draft, logits):
+    return verify(draft, None, logits, SamplingParams(), torch.Generator())
+
+
+def verify_stochastic(draft, q, p, generator):
+    """The chain sampler on probabilities: p [K+1, V] as logits at temperature 1."""
+    return verify(draft, q, p.log(), SamplingParams(temperature=1.0), generator)
 
 
 def test_greedy_accepts_matching_prefix_and_recovers_argmax():
@@ -103,7 +108,6 @@ def test_sampling_filters_apply_to_p_and_q_alike():
 
 # --- trees of deterministic drafts ------------------------------------------------------------
 
-from quickdraft.verify import verify_tree  # noqa: E402
 
 
 def one_hot_rows(choices, vocab=10):
@@ -148,3 +152,28 @@ def test_tree_chain_accepts_like_the_chain_sampler():
                 for s in range(4000))
     expected = 0.75 + 0.75 * 0.5  # E[accepted] = p1 + p1 * p2
     assert abs(tree / 4000 - expected) < 0.04 and abs(chain / 4000 - expected) < 0.04
+
+
+def test_tree_of_sampled_siblings_follows_p():
+    # Two siblings drawn independently from q, each with a child drawn from its own q:
+    # the first two output tokens must follow p at the root and p after the first token.
+    p_root = torch.tensor([0.5, 0.3, 0.2])
+    p_next = torch.tensor([[0.1, 0.1, 0.8], [0.6, 0.2, 0.2], [0.3, 0.3, 0.4]])  # after token 0, 1, 2
+    q_root, q_next = torch.tensor([0.2, 0.2, 0.6]), torch.tensor([0.4, 0.4, 0.2])
+    params = SamplingParams(temperature=1.0)
+    generator = torch.Generator().manual_seed(1)
+    pairs = torch.zeros(3, 3)
+    for _ in range(8000):
+        a, b = torch.multinomial(q_root, 2, replacement=True, generator=generator).tolist()
+        c, d = torch.multinomial(q_next, 2, replacement=True, generator=generator).tolist()
+        tokens, parents = [a, c, b, d], [-1, 0, -1, 2]
+        logits = torch.stack([p_root, p_next[a], torch.ones(3), p_next[b], torch.ones(3)]).log()
+        probs = torch.stack([q_root, q_next, q_root, q_next])
+        verdict = verify_tree(tokens, parents, logits, params, generator, probs)
+        out = [tokens[i] for i in verdict.path] + [verdict.next_token]
+        if len(out) >= 2:
+            pairs[out[0], out[1]] += 1
+        else:  # rejected at the root: the second token would come from p_next in the next pass
+            pairs[out[0], torch.multinomial(p_next[out[0]], 1, generator=generator).item()] += 1
+    expected = (p_root[:, None] * p_next).flatten()
+    assert chi_square_p_value(pairs.flatten(), expected) > 1e-3

@@ -15,7 +15,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.methods import METHODS, get_method
 
 BASELINE = "none"
-TEXT_SETTINGS = ("draft_length", "runner", "precision")  # settings whose values are names, not numbers
+TEXT_SETTINGS = ("draft_length", "runner", "precision", "head")  # settings whose values are names, not numbers
 
 
 @dataclass

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.drafters.base import Draft
+from quickdraft.drafters.base import Draft, TokenDrafter
 from quickdraft.models.runner import Runner
 from quickdraft.sampling import SamplingParams, logits_to_probs, sample
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(TokenDrafter):
     """Runs a draft model with its own KV cache and keeps its full distribution q per position.
 
     The cache holds every accepted token except the last; tokens it has not seen yet (the
@@ -54,6 +54,3 @@ class DraftModelDrafter:
     def rollback(self, tokens: list[int]) -> None:
         # Entries past len(tokens) - 1 belong to rejected drafts (or to the newest token).
         self.runner.truncate(min(self.runner.length, len(tokens) - 1))
-
-    def observe(self, aux_logits: torch.Tensor) -> None:
-        pass

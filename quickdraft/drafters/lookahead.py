@@ -17,13 +17,13 @@ from collections import OrderedDict
 
 import torch
 
-from quickdraft.drafters.base import Draft
+from quickdraft.drafters.base import Draft, TokenDrafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.sampling import SamplingParams
 from quickdraft.tree import trie_from_paths
 
 
-class LookaheadDrafter:
+class LookaheadDrafter(TokenDrafter):
     """window W, ngram N (N >= 2), candidates G: the paper's three knobs."""
 
     def __init__(self, window: int = 4, ngram: int = 3, candidates: int = 4, pool_size: int = 8) -> None:
@@ -60,9 +60,6 @@ class LookaheadDrafter:
             gram = [level[column] for level in self.levels] + [top[column]]
             self._remember(gram[0], tuple(gram[1:]))
         self.levels = [*self.levels[1:], top]
-
-    def rollback(self, tokens: list[int]) -> None:
-        pass
 
     def _remember(self, first: int, continuation: tuple[int, ...]) -> None:
         entries = self.pool.setdefault(first, OrderedDict())

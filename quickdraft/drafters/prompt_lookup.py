@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.drafters.base import Draft
+from quickdraft.drafters.base import Draft, TokenDrafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.sampling import SamplingParams
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(TokenDrafter):
     """Match the last n tokens (n from max_ngram down to min_ngram) and propose what followed.
 
     Of several earlier occurrences the most recent wins: it reflects the text being written now.
@@ -36,12 +36,6 @@ class PromptLookupDrafter:
         if k < 1:
             return Draft()
         return Draft(lookup_continuation(tokens, k, self.max_ngram, self.min_ngram))
-
-    def rollback(self, tokens: list[int]) -> None:
-        pass
-
-    def observe(self, aux_logits: torch.Tensor) -> None:
-        pass
 
 
 def lookup_continuation(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:

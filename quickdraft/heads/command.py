@@ -1,32 +1,62 @@
-"""`quickdraft train medusa`: training data -> cached features -> heads saved with their config."""
+"""`quickdraft train medusa|eagle`: training data -> (self-distilled) sequences -> cached features
+-> a trained head saved with its config."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.data import read_examples
-from quickdraft.heads.features import extract_features, load_features
-from quickdraft.heads.train import TrainSettings, train_medusa
-from quickdraft.models.loading import load_model
+from quickdraft.heads.distill import regenerate
+from quickdraft.heads.features import Sequence, encode_example, extract_features, fingerprint, load_features
+from quickdraft.heads.train import TrainSettings, train_eagle, train_medusa
+from quickdraft.models.loading import LoadedModel, load_model
+
+KINDS = ("medusa", "eagle")
 
 
-def train(kind: str, target: str | None, data: list[Path], output: Path, heads: int = 3,
-          max_examples: int | None = None, max_tokens: int = 256, settings: TrainSettings = TrainSettings(),
-          progress: bool = True) -> dict:
-    """Train `kind` heads for `target` (None: the embedded default) on `data` files."""
-    if kind != "medusa":
-        raise QuickdraftError(f"unknown head kind {kind!r}; choose: medusa")
-    if heads < 1:
-        raise QuickdraftError(f"--heads must be >= 1, got {heads}")
-    examples = [example for path in data for example in read_examples(path)]
-    if max_examples is not None:
-        examples = examples[:max_examples]
+def training_sequences(loaded: LoadedModel, data: list[Path], max_examples: int | None, max_tokens: int,
+                       distill_tokens: int | None, cache: Path, progress: bool = True) -> list[Sequence]:
+    """Every file's first `max_examples` examples, encoded as the decoder encodes chats; with
+    distill_tokens, their responses replaced by the target's own (cached in `cache`)."""
+    examples = [example for path in data for example in read_examples(path)[:max_examples]]
     if not examples:
         raise QuickdraftError("no training examples in the data files")
-    loaded = load_model(target)
     if loaded.tokenizer is None:
         raise QuickdraftError(f"target {loaded.name!r} has no tokenizer to encode the training text")
-    features = extract_features(loaded.model, loaded.tokenizer, examples, output / "features", max_tokens, progress)
+    sequences = [encode_example(loaded.tokenizer, example, max_tokens) for example in examples]
+    if distill_tokens is None:
+        return sequences
+    tokenizer = loaded.tokenizer
+    saved = cache / f"distilled-{fingerprint(sequences)}-{distill_tokens}.json"
+    if saved.is_file():
+        return [tuple(s) for s in json.loads(saved.read_text())]
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    prompts = [(ids[:start], start) for ids, start in sequences if start > 0]
+    distilled = regenerate(loaded.model, prompts, pad, eos, distill_tokens, progress=progress)
+    cache.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(distilled))
+    return distilled
+
+
+def train(kind: str, target: str | None, data: list[Path], output: Path, *, heads: int = 3,
+          max_examples: int | None = None, max_tokens: int = 256, distill_tokens: int | None = None,
+          cache: Path | None = None, settings: TrainSettings = TrainSettings(), progress: bool = True) -> dict:
+    """Train a `kind` head for `target` (None: the embedded default) on `data` files; returns its config."""
+    if kind not in KINDS:
+        raise QuickdraftError(f"unknown head kind {kind!r}; choose one of: {', '.join(KINDS)}")
+    if heads < 1:
+        raise QuickdraftError(f"--heads must be >= 1, got {heads}")
+    for path in data:
+        read_examples(path)  # refuse evaluation sets and missing files before loading the model
+    cache = cache if cache is not None else output / "cache"
+    loaded = load_model(target)
+    sequences = training_sequences(loaded, data, max_examples, max_tokens, distill_tokens, cache, progress)
+    shards = load_features(extract_features(loaded.model, sequences, cache / "features", progress))
     lm_head = loaded.model.get_output_embeddings().weight.detach()
-    return train_medusa(load_features(features), lm_head, heads, output, settings, loaded.name, progress)
+    if kind == "medusa":
+        return train_medusa(shards, lm_head, heads, output, settings, loaded.name, progress)
+    embeddings = loaded.model.get_input_embeddings().weight.detach()
+    return train_eagle(shards, lm_head, embeddings, loaded.model.config, output, settings, loaded.name, progress)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -11,12 +12,14 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from quickdraft.errors import QuickdraftError
 from quickdraft.heads.data import Example
 
+Sequence = tuple[list[int], int]  # token ids of a conversation, and where its response starts
 SHARD_EXAMPLES = 256  # examples per shard file: a crash loses at most one shard
 
 
-def encode_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_tokens: int) -> tuple[list[int], int]:
+def encode_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_tokens: int) -> Sequence:
     """Token ids of the whole conversation and where the response starts (the heads learn the response)."""
     if example.prompt and tokenizer.chat_template:
         text = tokenizer.apply_chat_template([{"role": "user", "content": example.prompt}],
@@ -28,14 +31,26 @@ def encode_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_tok
     return ids[:max_tokens], min(len(prompt), max_tokens)
 
 
+def fingerprint(sequences: list[Sequence]) -> str:
+    """A short digest of the training sequences: a feature cache made from other data is refused."""
+    return hashlib.sha256(json.dumps(sequences).encode()).hexdigest()[:16]
+
+
 @torch.inference_mode()
-def extract_features(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: list[Example],
-                     folder: Path, max_tokens: int = 512, progress: bool = True) -> Path:
+def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: Path,
+                     progress: bool = True) -> Path:
     """Write shards features-NNNNN.safetensors (tokens int32 [N], hidden bf16 [N, H], offsets
-    int64 [E + 1], starts int64 [E]) and index.json into `folder`; shards already there are kept."""
+    int64 [E + 1], starts int64 [E]) and index.json into `folder`; shards already there are kept
+    (resuming an interrupted run) when they were made from the same sequences."""
     folder.mkdir(parents=True, exist_ok=True)
-    shards = [examples[i : i + SHARD_EXAMPLES] for i in range(0, len(examples), SHARD_EXAMPLES)]
-    bar = tqdm(total=len(examples), desc="features", unit="example", disable=not progress)
+    digest = fingerprint(sequences)
+    index = folder / "index.json"
+    made_from = folder / "fingerprint"
+    if made_from.is_file() and made_from.read_text() != digest:
+        raise QuickdraftError(f"{folder} holds features of other training data; remove it or choose another folder")
+    made_from.write_text(digest)
+    shards = [sequences[i : i + SHARD_EXAMPLES] for i in range(0, len(sequences), SHARD_EXAMPLES)]
+    bar = tqdm(total=len(sequences), desc="features", unit="example", disable=not progress)
     names = []
     for number, shard in enumerate(shards):
         name = f"features-{number:05d}.safetensors"
@@ -44,8 +59,7 @@ def extract_features(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
             bar.update(len(shard))
             continue
         tokens, hidden, offsets, starts = [], [], [0], []
-        for example in shard:
-            ids, start = encode_example(tokenizer, example, max_tokens)
+        for ids, start in shard:
             if len(ids) - start < 2:
                 bar.update(1)
                 continue  # nothing to learn from
@@ -63,7 +77,7 @@ def extract_features(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                    "offsets": torch.tensor(offsets), "starts": torch.tensor(starts)}, str(staging))
         staging.rename(folder / name)  # atomic: a half-written shard is never read
     bar.close()
-    (folder / "index.json").write_text(json.dumps({"shards": names, "max_tokens": max_tokens}))
+    index.write_text(json.dumps({"shards": names}))
     return folder
 
 

@@ -1,5 +1,6 @@
 """Medusa heads (Cai et al. 2024): head k reads the target's last hidden state at position t and
-predicts the token at t + k + 2 (the target's own head predicts t + 1), through the target's LM head."""
+predicts the token at t + k + 2 (the target's own head predicts t + 1), through the target's LM head
+sliced to the draft vocabulary (heads/vocab.py)."""
 
 from __future__ import annotations
 
@@ -22,29 +23,31 @@ class ResidualBlock(nn.Module):
 
 
 class MedusaHeads(nn.Module):
-    """`heads` residual blocks sharing the target's (frozen) LM head weight [V, H]."""
+    """`heads` residual blocks sharing the target's (frozen) LM head weight [V, H], sliced to `vocab`."""
 
-    def __init__(self, lm_head: torch.Tensor, heads: int) -> None:
+    def __init__(self, lm_head: torch.Tensor, heads: int, vocab: torch.Tensor | None = None) -> None:
         super().__init__()
-        vocab, hidden = lm_head.shape
-        self.blocks = nn.ModuleList(ResidualBlock(hidden) for _ in range(heads))
-        self.register_buffer("lm_head", lm_head.detach().float(), persistent=False)
+        vocab = torch.arange(lm_head.shape[0]) if vocab is None else vocab.long()
+        self.blocks = nn.ModuleList(ResidualBlock(lm_head.shape[1]) for _ in range(heads))
+        self.register_buffer("vocab", vocab, persistent=True)  # [V'] draft ids, saved with the heads
+        self.register_buffer("lm_head", lm_head.detach().float()[vocab], persistent=False)  # [V', H]
 
     @property
     def heads(self) -> int:
         return len(self.blocks)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> [heads, ..., V] logits."""
+        """[..., H] -> [heads, ..., V'] logits over the draft vocabulary."""
         return torch.stack([F.linear(block(hidden), self.lm_head) for block in self.blocks])
 
 
 def medusa_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean cross-entropy over heads, and each head's top-1 accuracy.
 
-    logits [heads, P, V]; targets [heads, P] (head k's token at t + k + 2; -1 where past the end)."""
-    valid = targets >= 0  # [heads, P]
-    loss = F.cross_entropy(logits[valid], targets[valid])
-    correct = (logits.argmax(-1) == targets) & valid
+    logits [heads, P, V']; targets [heads, P]: head k's token at t + k + 2 as a draft-vocabulary
+    index (-1 outside it: it counts as a miss; -2 past the end of the example)."""
+    valid, known = targets >= -1, targets >= 0  # [heads, P]
+    loss = F.cross_entropy(logits[known], targets[known])
+    correct = (logits.argmax(-1) == targets) & known
     accuracy = correct.sum(-1).float() / valid.sum(-1).clamp(min=1)  # [heads]
     return loss, accuracy

@@ -1,24 +1,35 @@
-"""Train draft heads on cached features: sampled positions, AdamW, held-out top-1 per head,
-resumable from a checkpoint, saved as safetensors with a small config naming the target."""
+"""Train draft heads on cached features: one optimisation loop (AdamW, held-out top-1, progress
+bar, checkpoint and resume) for Medusa (sampled positions) and EAGLE (windows of whole sequences);
+heads are saved as safetensors with a small config naming the target."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch import nn
 from tqdm import tqdm
 
+from quickdraft.heads.eagle import EagleConfig, EagleHead, eagle_loss
 from quickdraft.heads.medusa import MedusaHeads, medusa_loss
+from quickdraft.heads.vocab import coverage, draft_vocabulary, vocabulary_index
+
+HEADS_FILE, CONFIG_FILE, CHECKPOINT_FILE = "heads.safetensors", "config.json", "checkpoint.pt"
 
 
 @dataclass(frozen=True)
 class TrainSettings:
     steps: int = 2000
-    positions: int = 256  # sampled training positions per step
+    positions: int = 256  # Medusa: sampled training positions per step
+    sequences: int = 8  # EAGLE: sequences per step
+    window: int = 256  # EAGLE: the longest stretch of a sequence in one step
     lr: float = 1e-3
+    vocab: int = 8192  # draft vocabulary: the most frequent response tokens
+    noise: float = 0.1  # EAGLE: uniform noise on input states, x their RMS (drafting reads its own guesses)
     eval_every: int = 100
     checkpoint_every: int = 200
     held_out: float = 0.05  # the last examples, never trained on
@@ -56,66 +67,200 @@ def medusa_positions(shards: list[dict[str, torch.Tensor]], heads: int) -> Posit
     return Positions(hidden, torch.cat(rows), torch.cat(targets, dim=1), torch.cat(example))
 
 
-def train_medusa(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, heads: int, folder: Path,
-                 settings: TrainSettings = TrainSettings(), target_name: str = "", progress: bool = True) -> dict:
-    """Train `heads` Medusa heads; writes folder/heads.safetensors, config.json and a checkpoint.
-    Returns the final held-out top-1 accuracy per head and the loss."""
-    folder.mkdir(parents=True, exist_ok=True)
+@dataclass
+class Sequences:
+    """Whole training sequences for EAGLE: tokens [L_i], hidden [L_i, H] bf16, response start."""
+
+    tokens: list[torch.Tensor]
+    hidden: list[torch.Tensor]
+    starts: list[int]
+
+
+def eagle_sequences(shards: list[dict[str, torch.Tensor]]) -> Sequences:
+    tokens, hidden, starts = [], [], []
+    for shard in shards:
+        offsets = shard["offsets"].tolist()
+        for i, start in enumerate(shard["starts"].tolist()):
+            tokens.append(shard["tokens"][offsets[i] : offsets[i + 1]].long())
+            hidden.append(shard["hidden"][offsets[i] : offsets[i + 1]])
+            starts.append(start)
+    return Sequences(tokens, hidden, starts)
+
+
+def eagle_batch(data: Sequences, chosen: list[int], window: int, index: torch.Tensor, noise: float,
+                generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Padded inputs for the EAGLE head: input j is (f_j, x_{j+1}); it should predict f_{j+1} and
+    the token x_{j+2}; the loss counts where x_{j+2} is a response token. A window of at most
+    `window` positions per sequence, placed at random over its response."""
+    parts = []
+    for i in chosen:
+        tokens, hidden, start = data.tokens[i], data.hidden[i], data.starts[i]
+        length = len(tokens)
+        first = 0
+        if length > window:
+            low = max(0, min(start - 1, length - window))
+            first = int(torch.randint(low, length - window + 1, (1,), generator=generator))
+        parts.append((tokens[first : first + window], hidden[first : first + window].float(), start - first))
+    t = max(len(p[0]) for p in parts) - 1
+    b, h = len(parts), parts[0][1].shape[1]
+    states, inputs = torch.zeros(b, t, h), torch.zeros(b, t, dtype=torch.long)
+    targets, labels = torch.zeros(b, t, h), torch.full((b, t), -1, dtype=torch.long)
+    weight, valid = torch.zeros(b, t, dtype=torch.bool), torch.zeros(b, t, dtype=torch.bool)
+    for row, (tokens, hidden, start) in enumerate(parts):
+        n = len(tokens) - 1
+        states[row, :n], inputs[row, :n], targets[row, :n] = hidden[:-1], tokens[1:], hidden[1:]
+        labels[row, : n - 1] = index[tokens[2:]]
+        weight[row, max(start - 2, 0) : n - 1] = True  # x_{j+2} is in the response (and exists)
+        valid[row, :n] = True
+    if noise > 0:
+        scale = states.pow(2).mean().sqrt() * noise
+        states = states + (torch.rand(states.shape, generator=generator) * 2 - 1) * scale
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    mask = causal[None] & valid[:, None, :]  # [B, T, T]
+    mask |= torch.eye(t, dtype=torch.bool)[None]  # padded rows see themselves (their loss is masked)
+    positions = torch.arange(t)[None].expand(b, t)
+    return {"hidden": states, "tokens": inputs, "positions": positions, "mask": mask, "targets": targets,
+            "labels": labels, "weight": weight}
+
+
+def optimise(model: nn.Module, step_loss: Callable[[torch.Generator], torch.Tensor],
+             evaluate: Callable[[], torch.Tensor], folder: Path, settings: TrainSettings, desc: str,
+             progress: bool) -> tuple[float, torch.Tensor, int]:
+    """AdamW on step_loss until settings.steps, resuming from folder's checkpoint; returns the last
+    loss, the held-out top-1 accuracy and the step count."""
     generator = torch.Generator().manual_seed(settings.seed)
-    data = medusa_positions(shards, heads)
-    examples = int(data.example.max()) + 1
-    held = data.example >= examples - max(1, int(examples * settings.held_out))
-    train_index, eval_index = (~held).nonzero()[:, 0], held.nonzero()[:, 0]
-    eval_index = eval_index[torch.randperm(len(eval_index), generator=generator)[:2048]]
-    model = MedusaHeads(lm_head, heads)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr)
-    checkpoint, step = folder / "checkpoint.pt", 0
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.lr)
+    checkpoint, step = folder / CHECKPOINT_FILE, 0
     if checkpoint.is_file():  # resume where it stopped
         state = torch.load(checkpoint)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         generator.set_state(state["generator"])
         step = state["step"]
-
-    def batch(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return data.hidden[data.rows[index]].float(), data.targets[:, index]
-
-    def evaluate() -> torch.Tensor:
-        with torch.no_grad():
-            return medusa_loss(model(batch(eval_index)[0]), batch(eval_index)[1])[1]
-
-    bar = tqdm(total=settings.steps, initial=step, desc="train medusa", unit="step", disable=not progress)
-    loss = torch.tensor(float("nan"))
+    bar = tqdm(total=settings.steps, initial=step, desc=desc, unit="step", disable=not progress)
+    loss = float("nan")
     accuracy = evaluate()
     while step < settings.steps:
-        index = train_index[torch.randint(len(train_index), (settings.positions,), generator=generator)]
-        hidden, target = batch(index)
-        loss, _ = medusa_loss(model(hidden), target)
+        value = step_loss(generator)
         optimizer.zero_grad()
-        loss.backward()
+        value.backward()
         optimizer.step()
+        loss = value.item()
         step += 1
+        if step == settings.steps:
+            with torch.no_grad():  # heads are saved in bf16: the final weights are what loads back
+                for parameter in model.parameters():
+                    parameter.copy_(parameter.to(torch.bfloat16))
         if step % settings.eval_every == 0 or step == settings.steps:
             accuracy = evaluate()
         bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}", top1="/".join(f"{a:.2f}" for a in accuracy.tolist()))
+        bar.set_postfix(loss=f"{loss:.3f}", top1="/".join(f"{a:.2f}" for a in accuracy.reshape(-1).tolist()))
         if step % settings.checkpoint_every == 0 or step == settings.steps:
             staging = checkpoint.with_suffix(".partial")
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "generator": generator.get_state(), "step": step}, staging)
             staging.rename(checkpoint)
     bar.close()
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "heads.safetensors"))
-    result = {"kind": "medusa", "target": target_name, "heads": heads, "hidden": lm_head.shape[1],
-              "vocab": lm_head.shape[0], "steps": step, "held_out_top1": accuracy.tolist(),
-              "final_loss": float(loss.detach()), "settings": asdict(settings)}
-    (folder / "config.json").write_text(json.dumps(result, indent=1))
+    return loss, accuracy, step
+
+
+def held_out_split(examples: int, settings: TrainSettings) -> int:
+    """Examples from this index on are held out."""
+    return examples - max(1, int(examples * settings.held_out))
+
+
+def train_medusa(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, heads: int, folder: Path,
+                 settings: TrainSettings = TrainSettings(), target_name: str = "", progress: bool = True) -> dict:
+    """Train `heads` Medusa heads; writes folder/heads.safetensors, config.json and a checkpoint.
+    Returns the config: held-out top-1 accuracy per head, the loss, the draft vocabulary's coverage."""
+    folder.mkdir(parents=True, exist_ok=True)
+    full = lm_head.shape[0]
+    vocab = draft_vocabulary(shards[:-1] or shards, settings.vocab, full)  # not from the held-out tail
+    index = vocabulary_index(vocab, full)
+    data = medusa_positions(shards, heads)
+    data.targets = torch.where(data.targets >= 0, index[data.targets.clamp(min=0)], torch.tensor(-2))
+    held = data.example >= held_out_split(int(data.example.max()) + 1, settings)
+    train_index, eval_index = (~held).nonzero()[:, 0], held.nonzero()[:, 0]
+    eval_index = eval_index[torch.randperm(len(eval_index), generator=torch.Generator().manual_seed(0))[:2048]]
+    model = MedusaHeads(lm_head, heads, vocab)
+
+    def step_loss(generator: torch.Generator) -> torch.Tensor:
+        chosen = train_index[torch.randint(len(train_index), (settings.positions,), generator=generator)]
+        return medusa_loss(model(data.hidden[data.rows[chosen]].float()), data.targets[:, chosen])[0]
+
+    @torch.no_grad()
+    def evaluate() -> torch.Tensor:
+        return medusa_loss(model(data.hidden[data.rows[eval_index]].float()), data.targets[:, eval_index])[1]
+
+    loss, accuracy, step = optimise(model, step_loss, evaluate, folder, settings, "train medusa", progress)
+    extra = {"heads": heads}
+    return save_head(model, folder, "medusa", target_name, extra, lm_head, vocab, shards, step, accuracy, loss,
+                     settings)
+
+
+def train_eagle(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, embed: torch.Tensor, target_config,
+                folder: Path, settings: TrainSettings = TrainSettings(), target_name: str = "",
+                progress: bool = True) -> dict:
+    """Train an EAGLE head; writes folder/heads.safetensors, config.json and a checkpoint.
+    Returns the config with the held-out top-1 accuracy of its first draft token (teacher-forced)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    full = lm_head.shape[0]
+    vocab = draft_vocabulary(shards[:-1] or shards, settings.vocab, full)
+    index = vocabulary_index(vocab, full)
+    data = eagle_sequences(shards)
+    split = held_out_split(len(data.tokens), settings)
+    config = EagleConfig.from_target(target_config)
+    model = EagleHead(config, embed, lm_head, vocab)
+    eval_batch = eagle_batch(data, list(range(split, len(data.tokens)))[:32], settings.window, index, 0.0,
+                             torch.Generator().manual_seed(0))
+
+    def run(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        predicted = model(batch["hidden"], batch["tokens"], batch["positions"], batch["mask"])[0]
+        return eagle_loss(predicted, batch["targets"], model.logits(predicted), batch["labels"], batch["weight"])
+
+    def step_loss(generator: torch.Generator) -> torch.Tensor:
+        chosen = torch.randint(split, (settings.sequences,), generator=generator).tolist()
+        return run(eagle_batch(data, chosen, settings.window, index, settings.noise, generator))[0]
+
+    @torch.no_grad()
+    def evaluate() -> torch.Tensor:
+        return run(eval_batch)[1].reshape(1)
+
+    loss, accuracy, step = optimise(model, step_loss, evaluate, folder, settings, "train eagle", progress)
+    return save_head(model, folder, "eagle", target_name, {"layer": config.to_dict()}, lm_head, vocab, shards,
+                     step, accuracy, loss, settings)
+
+
+def save_head(model: nn.Module, folder: Path, kind: str, target_name: str, extra: dict, lm_head: torch.Tensor,
+              vocab: torch.Tensor, shards: list[dict[str, torch.Tensor]], step: int, accuracy: torch.Tensor,
+              loss: float, settings: TrainSettings) -> dict:
+    """heads.safetensors (the trained weights in bf16, and the draft vocabulary) and config.json."""
+    state = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
+             for k, v in model.state_dict().items()}
+    save_file(state, str(folder / HEADS_FILE))
+    result = {"kind": kind, "target": target_name, **extra, "hidden": lm_head.shape[1], "vocab": lm_head.shape[0],
+              "draft_vocab": len(vocab), "draft_vocab_coverage": round(coverage(shards, vocab, lm_head.shape[0]), 4),
+              "steps": step, "held_out_top1": accuracy.reshape(-1).tolist(), "final_loss": loss,
+              "settings": asdict(settings)}
+    (folder / CONFIG_FILE).write_text(json.dumps(result, indent=1))
     return result
+
+
+def read_config(folder: Path) -> dict:
+    return json.loads((folder / CONFIG_FILE).read_text())
 
 
 def load_medusa(folder: Path, lm_head: torch.Tensor) -> MedusaHeads:
     """Heads saved by train_medusa, over the target's LM head weight."""
-    config = json.loads((folder / "config.json").read_text())
-    model = MedusaHeads(lm_head, config["heads"])
-    model.load_state_dict(load_file(str(folder / "heads.safetensors")))
+    state = load_file(str(folder / HEADS_FILE))
+    model = MedusaHeads(lm_head, read_config(folder)["heads"], state["vocab"])
+    model.load_state_dict(state)  # bf16 values into the fp32 parameters
+    return model.eval()
+
+
+def load_eagle(folder: Path, lm_head: torch.Tensor, embed: torch.Tensor) -> EagleHead:
+    """A head saved by train_eagle, over the target's LM head and embedding weights."""
+    state = load_file(str(folder / HEADS_FILE))
+    model = EagleHead(EagleConfig(**read_config(folder)["layer"]), embed, lm_head, state["vocab"])
+    model.load_state_dict(state)
     return model.eval()

@@ -139,6 +139,7 @@ class NativeRunner:
         self._values: torch.Tensor | None = None  # the same (+ a ones column below fp32)
         self._cos: torch.Tensor | None = None  # [capacity, head_dim]
         self._sin: torch.Tensor | None = None
+        self.hidden: torch.Tensor | None = None  # [n, hidden] after the final norm, of the last pass
 
     @property
     def vocab_size(self) -> int:
@@ -333,8 +334,9 @@ def forward_batch(segments: list[Segment]) -> list[torch.Tensor]:
     rows = []
     for segment, part in zip(segments, x.split(sizes)):
         segment.runner._length += len(segment.tokens)
-        rows.append(part if segment.all_logits else part[-1:])
-    logits = w.lm_head(rms_norm(torch.cat(rows), w.norm, w.eps)).float()  # [rows, V]
+        segment.runner.hidden = rms_norm(part, w.norm, w.eps)  # [n_i, hidden], for drafters that read it
+        rows.append(segment.runner.hidden if segment.all_logits else segment.runner.hidden[-1:])
+    logits = w.lm_head(torch.cat(rows)).float()  # [rows, V]
     return list(logits.split([r.shape[0] for r in rows]))
 
 

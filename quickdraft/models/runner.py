@@ -24,6 +24,10 @@ class Runner(Protocol):
     @property
     def length(self) -> int: ...  # tokens now in the KV cache
 
+    # The last forward's hidden states after the final norm [n, H], one row per token fed
+    # (for drafters that read them: Medusa, EAGLE); None before any, or when not kept.
+    hidden: torch.Tensor | None
+
     def reset(self) -> None: ...
 
     def forward(
@@ -52,8 +56,11 @@ class Runner(Protocol):
 class HFRunner:
     """Runs a transformers causal LM with a DynamicCache, one sequence at a time."""
 
-    def __init__(self, model: PreTrainedModel, cache_config=None) -> None:
+    def __init__(self, model: PreTrainedModel, cache_config=None, keep_hidden: bool = False) -> None:
+        """keep_hidden: also return the last hidden states (costs transformers keeping every layer's)."""
         self.model = model.eval()
+        self.keep_hidden = keep_hidden
+        self.hidden: torch.Tensor | None = None
         # A layer-subset view writes the slots of the full model's cache layout.
         self._cache_config = cache_config if cache_config is not None else model.config
         self._cache: DynamicCache | None = None
@@ -103,8 +110,11 @@ class HFRunner:
             cache=self._cache,
             use_cache=True,
             logits_to_keep=0 if all_logits else 1,
+            output_hidden_states=self.keep_hidden,
             **extra,
         )
+        if self.keep_hidden:
+            self.hidden = out.hidden_states[-1][0].float()  # [n, H]: the last entry is after the final norm
         self._length += len(tokens)
         return out.logits[0].float()  # [n, V] or [1, V]
 

@@ -34,9 +34,10 @@ def check_precision(precision: str, kind: str) -> None:
 
 
 def make_runner(loaded: LoadedModel, kind: str = "auto", layers: list[int] | None = None,
-                precision: str = "fp32") -> Runner:
+                precision: str = "fp32", keep_hidden: bool = False) -> Runner:
     """A runner for `loaded` (only `layers` of it, for self-speculation). Native weights are
-    extracted once per loaded model and precision, and shared by every runner over them."""
+    extracted once per loaded model and precision, and shared by every runner over them.
+    keep_hidden: the runner keeps its last hidden states (native runners always do)."""
     check_precision(precision, kind)
     if uses_native(loaded, kind):
         if precision not in loaded.native:
@@ -46,7 +47,7 @@ def make_runner(loaded: LoadedModel, kind: str = "auto", layers: list[int] | Non
         raise QuickdraftError(f"precision {precision} needs the native runner, which does not support "
                               f"{loaded.model.config.model_type!r}")
     if layers is None:
-        return HFRunner(loaded.model)
+        return HFRunner(loaded.model, keep_hidden=keep_hidden)
     # The view's cache uses the full model's layout: each kept layer writes its own slot.
     return HFRunner(layer_subset_model(loaded.model, layers), cache_config=loaded.model.config)
 

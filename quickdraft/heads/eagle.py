@@ -1,0 +1,116 @@
+"""The EAGLE head (Li et al. 2024): one decoder layer that reads the target's last hidden state
+f_t together with the embedding of the token x_{t+1} that followed it, and predicts f_{t+1}.
+Fed its own predictions, it runs ahead of the target; the target's LM head (sliced to the draft
+vocabulary) turns each predicted state into draft tokens.
+
+Shapes: B sequences, T new positions, C cached positions, H hidden, D head dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rope_theta: float
+    eps: float
+
+    @classmethod
+    def from_target(cls, config) -> EagleConfig:
+        """The target's own layer shape: the head's layer is one more of the target's layers."""
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        heads = text.num_attention_heads
+        return cls(text.hidden_size, text.intermediate_size, heads, getattr(text, "num_key_value_heads", heads),
+                   getattr(text, "head_dim", None) or text.hidden_size // heads,
+                   float(getattr(text, "rope_theta", 10000.0)), float(getattr(text, "rms_norm_eps", 1e-6)))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class EagleHead(nn.Module):
+    """fc(concat(embed(x_{t+1}), f_t)) -> a pre-norm decoder layer -> predicted f_{t+1}."""
+
+    def __init__(self, config: EagleConfig, embed: torch.Tensor, lm_head: torch.Tensor, vocab: torch.Tensor) -> None:
+        super().__init__()
+        c = self.config = config
+        h, d = c.hidden, c.head_dim
+        self.fc = nn.Linear(2 * h, h)
+        self.input_norm = nn.RMSNorm(h, eps=c.eps)
+        self.q = nn.Linear(h, c.heads * d, bias=False)
+        self.k = nn.Linear(h, c.kv_heads * d, bias=False)
+        self.v = nn.Linear(h, c.kv_heads * d, bias=False)
+        self.o = nn.Linear(c.heads * d, h, bias=False)
+        self.post_norm = nn.RMSNorm(h, eps=c.eps)
+        self.gate = nn.Linear(h, c.intermediate, bias=False)
+        self.up = nn.Linear(h, c.intermediate, bias=False)
+        self.down = nn.Linear(c.intermediate, h, bias=False)
+        self.register_buffer("vocab", vocab.long(), persistent=True)  # [V'] draft ids, saved with the head
+        # The target's tables, frozen and not saved (they come from the target at load time).
+        self.register_buffer("embed", embed.detach().float(), persistent=False)  # [V, H]
+        self.register_buffer("lm_head", lm_head.detach().float()[vocab], persistent=False)  # [V', H]
+        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2]
+
+    def forward(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """hidden [B, T, H] (f_t), tokens [B, T] (x_{t+1}), positions [B, T] (t), mask [B, T, C + T] bool
+        (True: may attend), past (keys, values) [B, KV, C, D] -> predicted f_{t+1} [B, T, H] and this
+        pass's keys and values [B, KV, T, D] (the caller keeps the cache)."""
+        c = self.config
+        b, t, _ = hidden.shape
+        x = self.fc(torch.cat([self.embed[tokens], hidden], dim=-1))  # [B, T, H]
+        normed = self.input_norm(x)
+        q = self.q(normed).view(b, t, c.heads, c.head_dim).transpose(1, 2)  # [B, heads, T, D]
+        k = self.k(normed).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)  # [B, KV, T, D]
+        v = self.v(normed).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        cos, sin = self._rotary(positions)  # [B, 1, T, D]
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None],
+                                              enable_gqa=c.heads != c.kv_heads)  # [B, heads, T, D]
+        x = x + self.o(attn.transpose(1, 2).reshape(b, t, c.heads * c.head_dim))
+        normed = self.post_norm(x)
+        x = x + self.down(F.silu(self.gate(normed)) * self.up(normed))
+        return x, k, v
+
+    def logits(self, predicted: torch.Tensor) -> torch.Tensor:
+        """[..., H] predicted states -> [..., V'] logits over the draft vocabulary."""
+        return predicted @ self.lm_head.T
+
+    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
+        angles = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, T, D]
+        return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding, in the half-split layout of Llama."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def eagle_loss(predicted: torch.Tensor, target: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
+               weight: torch.Tensor, classification: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Smooth-L1 on the predicted state plus `classification` x cross-entropy on its next token
+    (EAGLE's loss), over positions where weight is True; and the top-1 accuracy there.
+
+    predicted, target [B, T, H]; logits [B, T, V']; labels [B, T] draft-vocab index (-1: outside it
+    or past the end); weight [B, T] bool."""
+    regression = F.smooth_l1_loss(predicted[weight], target[weight])
+    known = weight & (labels >= 0)
+    ce = F.cross_entropy(logits[known], labels[known]) if known.any() else predicted.sum() * 0
+    correct = (logits.argmax(-1) == labels) & known
+    accuracy = correct.sum().float() / weight.sum().clamp(min=1)  # out-of-vocabulary counts as a miss
+    return regression + classification * ce, accuracy

@@ -1,0 +1,48 @@
+"""Where trained heads are found: a folder the user names, or the heads shipped in this package
+for the embedded default target (made by `quickdraft train`; the command is in their README)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+
+from quickdraft.errors import QuickdraftError
+from quickdraft.heads.eagle import EagleHead
+from quickdraft.heads.medusa import MedusaHeads
+from quickdraft.heads.train import CONFIG_FILE, HEADS_FILE, load_eagle, load_medusa, read_config
+from quickdraft.models.loading import LoadedModel
+
+SHIPPED = Path(__file__).parent / "shipped"  # SHIPPED / <target name> / <kind> / heads.safetensors
+
+
+def head_folder(kind: str, target: LoadedModel, path: str | Path | None) -> Path:
+    """The folder of a `kind` head for `target`: `path` if given, else the shipped one."""
+    folder = Path(path) if path is not None else SHIPPED / target.name / kind
+    if not (folder / HEADS_FILE).is_file() or not (folder / CONFIG_FILE).is_file():
+        if path is not None:
+            raise QuickdraftError(f"no {kind} head in {folder} (expected {HEADS_FILE} and {CONFIG_FILE})")
+        raise QuickdraftError(
+            f"no {kind} head is shipped for {target.name!r}; train one with `quickdraft train {kind} "
+            f"--target ... --data ... --output DIR` and pass head=DIR (--head DIR)")
+    config = read_config(folder)
+    lm_head = target.model.get_output_embeddings().weight
+    if config.get("kind") != kind:
+        raise QuickdraftError(f"{folder} holds a {config.get('kind')!r} head, not {kind!r}")
+    if (config["vocab"], config["hidden"]) != tuple(lm_head.shape):
+        raise QuickdraftError(
+            f"the {kind} head in {folder} was trained for {config.get('target')!r} (vocabulary {config['vocab']}, "
+            f"hidden size {config['hidden']}); {target.name!r} has {lm_head.shape[0]} and {lm_head.shape[1]}")
+    return folder
+
+
+def load_head(kind: str, target: LoadedModel, path: str | Path | None) -> MedusaHeads | EagleHead:
+    folder = head_folder(kind, target, path)
+    lm_head = target.model.get_output_embeddings().weight.detach()
+    if kind == "medusa":
+        return load_medusa(folder, lm_head)
+    embed = target.model.get_input_embeddings().weight.detach()
+    return load_eagle(folder, lm_head, embed)
+
+
+

@@ -1,0 +1,111 @@
+"""EAGLE and Medusa drafters on tiny models with heads trained in the test: greedy output equals
+plain decoding, sampled output follows the target, heads are found and refused clearly."""
+
+import pytest
+import torch
+
+from conftest import loaded, tiny_llama
+from quickdraft import Decoder
+from quickdraft.errors import QuickdraftError
+from quickdraft.heads.distill import regenerate
+from quickdraft.heads.features import extract_features, load_features
+from quickdraft.heads.train import TrainSettings, train_eagle, train_medusa
+from quickdraft.sampling import SamplingParams, logits_to_probs
+from stats_util import chi_square_p_value
+
+
+def train_heads(model, folder, vocab):
+    """Medusa and EAGLE heads trained for a few seconds on the model's own greedy continuations."""
+    generator = torch.Generator().manual_seed(0)
+    prompts = [(torch.randint(vocab, (6,), generator=generator).tolist(), 6) for _ in range(48)]
+    sequences = regenerate(model, prompts, 0, [], 40, batch_size=16, progress=False)
+    shards = load_features(extract_features(model, sequences, folder / "features", progress=False))
+    lm_head, embed = model.lm_head.weight.detach(), model.model.embed_tokens.weight.detach()
+    train_medusa(shards, lm_head, 3, folder / "medusa", TrainSettings(steps=150, lr=3e-3), "t", progress=False)
+    settings = TrainSettings(steps=150, sequences=8, window=64, lr=3e-3)
+    train_eagle(shards, lm_head, embed, model.config, folder / "eagle", settings, "t", progress=False)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def heads(tiny_target, tmp_path_factory):
+    return train_heads(tiny_target, tmp_path_factory.mktemp("heads"), 32)
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+@pytest.mark.parametrize("k,top_k,nodes", [(1, 1, 1), (3, 2, 6), (5, 4, 16)])
+def test_head_drafters_greedy_equal_plain(tiny_target, heads, method, k, top_k, nodes):
+    plain = Decoder(loaded(tiny_target, "t"), None, "none")
+    spec = Decoder(loaded(tiny_target, "t"), None, method, k, head=str(heads / method), tree_top_k=top_k,
+                   tree_nodes=nodes)
+    accepted = 0
+    for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [4]):
+        out = spec.generate(prompt, max_new_tokens=40)
+        assert out.token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
+        accepted += out.stats.accepted_tokens
+        assert all(len(step.draft_tokens) <= nodes for step in out.steps)
+        assert all((step.tree_depth or 0) <= k for step in out.steps)
+    assert accepted > 0, "trained heads must get drafts accepted"
+
+
+def test_eagle_drafts_deeper_than_one_level_get_accepted(tiny_target, heads):
+    out = Decoder(loaded(tiny_target, "t"), None, "eagle", 4, head=str(heads / "eagle")).generate([1, 2, 3], 60)
+    assert max(step.accepted for step in out.steps) >= 2
+    assert out.stats.mean_accepted_tokens > 1.5
+
+
+def test_head_drafters_through_the_hf_runner(tiny_target, heads):
+    plain = Decoder(loaded(tiny_target, "t"), None, "none", runner="hf").generate([3, 1, 4, 1, 5], 30)
+    for method in ("medusa", "eagle"):
+        out = Decoder(loaded(tiny_target, "t"), None, method, 3, head=str(heads / method), runner="hf"
+                      ).generate([3, 1, 4, 1, 5], 30)
+        assert out.token_ids == plain.token_ids and out.stats.accepted_tokens > 0
+
+
+def test_missing_or_mismatched_heads_are_refused(tiny_target, heads, tmp_path):
+    with pytest.raises(QuickdraftError, match="no eagle head is shipped for 't'"):
+        Decoder(loaded(tiny_target, "t"), None, "eagle")
+    with pytest.raises(QuickdraftError, match="no medusa head in"):
+        Decoder(loaded(tiny_target, "t"), None, "medusa", head=str(tmp_path))
+    with pytest.raises(QuickdraftError, match="holds a 'eagle' head"):
+        Decoder(loaded(tiny_target, "t"), None, "medusa", head=str(heads / "eagle"))
+    other = tiny_llama(seed=5, vocab=40)
+    with pytest.raises(QuickdraftError, match="was trained for 't'"):
+        Decoder(loaded(other, "other"), None, "eagle", head=str(heads / "eagle"))
+    with pytest.raises(QuickdraftError, match=">= 1"):
+        Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(heads / "eagle"), tree_nodes=0)
+
+
+# --- distribution: sampled output follows the target ----------------------------------------
+
+VOCAB, RUNS = 8, 2000
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    model = tiny_llama(seed=3, vocab=VOCAB, init_range=0.25)
+    return model, train_heads(model, tmp_path_factory.mktemp("small"), VOCAB)
+
+
+@pytest.mark.parametrize("method,params", [
+    ("medusa", SamplingParams(temperature=1.0)),
+    ("eagle", SamplingParams(temperature=1.0)),
+    ("eagle", SamplingParams(temperature=0.7, top_k=5, top_p=0.9)),
+])
+def test_sampled_output_follows_the_target(small, method, params):
+    model, folder = small
+    prompt = [1, 2, 3, 1, 2, 3, 1]
+    with torch.no_grad():
+        first = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], params)  # [V]
+        second = logits_to_probs(model(torch.tensor([[*prompt, t] for t in range(VOCAB)])).logits[:, -1], params)
+    expected = first[:, None] * second  # [V, V]: the first two tokens
+    decoder = Decoder(loaded(model, "t"), None, method, 3, head=str(folder / method), tree_top_k=2, tree_nodes=5)
+    counts = torch.zeros(VOCAB, VOCAB)
+    trees = 0
+    for seed in range(RUNS):
+        out = decoder.generate(prompt, max_new_tokens=3, temperature=params.temperature, top_k=params.top_k,
+                               top_p=params.top_p, seed=seed)
+        counts[out.token_ids[0], out.token_ids[1]] += 1
+        trees += out.steps[0].accepted >= 1
+    assert trees > RUNS // 10, "the first pass must accept tree nodes for the test to bite"
+    assert chi_square_p_value(counts, expected) > 1e-3

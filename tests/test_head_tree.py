@@ -1,0 +1,49 @@
+"""Growing draft trees from a head's confidence (EAGLE-2's expand and rerank)."""
+
+import math
+
+import pytest
+import torch
+
+from quickdraft.drafters.head_tree import TreeShape, grow_tree, keep_most_confident
+from quickdraft.errors import QuickdraftError
+from quickdraft.tree import depths
+
+
+def logp(*probs):
+    return torch.tensor(probs).log()
+
+
+def test_rerank_keeps_the_most_confident_nodes_as_a_tree():
+    # root -> a (0.6) -> c (0.6 * 0.9); root -> b (0.3) -> d (0.3 * 0.5)
+    tokens, parents = [10, 11, 12, 13], [-1, -1, 0, 1]
+    scores = [math.log(0.6), math.log(0.3), math.log(0.54), math.log(0.15)]
+    assert keep_most_confident(tokens, parents, scores, 3) == ([10, 11, 12], [-1, -1, 0])
+    assert keep_most_confident(tokens, parents, scores, 2) == ([10, 12], [-1, 0])  # b (0.3) < c (0.54)
+
+
+def test_grow_expands_the_most_confident_frontier_only():
+    calls = []
+
+    def expand(frontier, tokens, parents):
+        calls.append([tokens[n] for n in frontier])
+        return torch.stack([logp(0.7, 0.2, 0.1)] * len(frontier))
+
+    first = logp(0.5, 0.3, 0.2)
+    tokens, parents = grow_tree(first, expand, TreeShape(depth=3, top_k=2, nodes=5))
+    assert calls[0] == [0, 1]  # level 1: tokens 0 (0.5) and 1 (0.3)
+    assert calls[1] == [0, 0]  # level 2's best: 0 -> 0 (0.35) and 1 -> 0 (0.21); 0 -> 1 is 0.10
+    # Kept: 0 (.5), 1 (.3), 0-0 (.35), 0-0-0 (.245), 1-0 (.21)
+    assert sorted(zip(depths(parents), tokens)) == [(1, 0), (1, 1), (2, 0), (2, 0), (3, 0)]
+    assert all(p < i for i, p in enumerate(parents))
+
+
+def test_one_level_is_the_top_k_of_the_first_distribution():
+    tokens, parents = grow_tree(logp(0.1, 0.6, 0.3), lambda *a: pytest.fail("no expansion"), TreeShape(1, 2, 8))
+    assert (tokens, parents) == ([1, 2], [-1, -1])
+
+
+def test_bad_tree_shapes_are_refused():
+    for bad in ((0, 4, 16), (3, 0, 16), (3, 4, 0)):
+        with pytest.raises(QuickdraftError, match=">= 1"):
+            TreeShape(*bad)
