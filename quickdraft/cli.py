@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--tree-top-k", type=int, default=4,
                      help="eagle/medusa: children per expanded node and nodes expanded per tree level")
     gen.add_argument("--tree-nodes", type=int, default=16, help="eagle/medusa: draft tokens verified per pass")
+    gen.add_argument("--full-vocab", action="store_true",
+                     help="eagle/medusa: draft over the whole vocabulary, not the head's most frequent tokens")
     gen.add_argument("--draft-length", choices=list(DRAFT_LENGTHS),
                      help="fixed K; adaptive (grow after full accepts, shrink after rejections); "
                           "cost (K that maximises expected tokens/s from measured times); "
@@ -112,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="folder for self-distilled text and features, shareable between kinds "
                             "(default: OUTPUT/cache)")
     train.add_argument("--distill", type=int, metavar="TOKENS",
-                       help="replace each response by the target's own greedy one, up to TOKENS tokens")
+                       help="replace responses by the target's own greedy ones, up to TOKENS tokens")
+    train.add_argument("--distill-examples", type=int, metavar="N",
+                       help="with --distill: only the first N examples of each file (the rest keep their text)")
     train.add_argument("--heads", type=int, default=3, help="medusa: number of heads")
     train.add_argument("--steps", type=int, default=2000)
     train.add_argument("--positions", type=int, default=256, help="medusa: sampled positions per step")
@@ -194,7 +198,7 @@ def _train(args: argparse.Namespace) -> int:
             raise QuickdraftError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
     result = train(args.kind, args.target, args.data, args.output, heads=args.heads,
                    max_examples=args.max_examples, max_tokens=args.max_tokens, distill_tokens=args.distill,
-                   cache=args.cache, settings=settings)
+                   distill_examples=args.distill_examples, cache=args.cache, settings=settings)
     top1 = ", ".join(f"{a:.1%}" for a in result["held_out_top1"])
     print(f"trained a {args.kind} head for {result['target']} in {result['steps']} steps; held-out top-1 "
           f"(teacher-forced) {top1}; draft vocabulary {result['draft_vocab']} tokens covering "
@@ -252,6 +256,7 @@ def _generate(args: argparse.Namespace) -> int:
                               draft_length=args.draft_length, k_max=args.k_max, confidence=args.confidence,
                               window=args.window, ngram=args.ngram, candidates=args.candidates,
                               head=args.head, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
+                              full_vocab=args.full_vocab,
                               runner=args.runner, precision=args.precision,
                               **({"layers": args.layers} if args.layers is not None else {}))
     options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -12,6 +12,7 @@ from quickdraft.drafters import DraftModelDrafter, Drafter, LookaheadDrafter, No
 from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.medusa import MedusaDrafter
 from quickdraft.errors import QuickdraftError
+from quickdraft.heads.inference import for_drafting
 from quickdraft.heads.store import load_head
 from quickdraft.models.layer_subset import decoder_layers, resolve_layers
 from quickdraft.models.loading import LoadedModel
@@ -32,6 +33,7 @@ class DrafterOptions:
     head: str | None = None  # eagle/medusa: folder of a trained head (None: the one shipped for the target)
     tree_top_k: int = 4  # eagle/medusa: children per expanded node, nodes expanded per level
     tree_nodes: int = 16  # eagle/medusa: draft tokens verified per pass
+    full_vocab: bool = False  # eagle/medusa: draft over the target's whole vocabulary, not the head's slice
 
 
 RunnerFactory = Callable[..., Runner]  # (loaded model, layers=None) -> a runner for it
@@ -69,12 +71,14 @@ def _build_self_spec(target: LoadedModel, draft: LoadedModel | None, options: Dr
 
 def _build_medusa(target: LoadedModel, draft: LoadedModel | None, options: DrafterOptions,
                   make_runner: RunnerFactory) -> Drafter:
-    return MedusaDrafter(load_head("medusa", target, options.head), options.tree_top_k, options.tree_nodes)
+    head = load_head("medusa", target, options.head, options.full_vocab)
+    return MedusaDrafter(for_drafting(head), options.tree_top_k, options.tree_nodes)
 
 
 def _build_eagle(target: LoadedModel, draft: LoadedModel | None, options: DrafterOptions,
                  make_runner: RunnerFactory) -> Drafter:
-    return EagleDrafter(load_head("eagle", target, options.head), options.tree_top_k, options.tree_nodes)
+    head = load_head("eagle", target, options.head, options.full_vocab)
+    return EagleDrafter(for_drafting(head), options.tree_top_k, options.tree_nodes)
 
 
 METHODS: dict[str, Method] = {

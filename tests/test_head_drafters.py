@@ -21,8 +21,10 @@ def train_heads(model, folder, vocab):
     sequences = regenerate(model, prompts, 0, [], 40, batch_size=16, progress=False)
     shards = load_features(extract_features(model, sequences, folder / "features", progress=False))
     lm_head, embed = model.lm_head.weight.detach(), model.model.embed_tokens.weight.detach()
-    train_medusa(shards, lm_head, 3, folder / "medusa", TrainSettings(steps=150, lr=3e-3), "t", progress=False)
-    settings = TrainSettings(steps=150, sequences=8, window=64, lr=3e-3)
+    # A draft vocabulary of 24 tokens: smaller than the 32 of the tiny target, not than the 8 of the small one.
+    train_medusa(shards, lm_head, 3, folder / "medusa", TrainSettings(steps=150, lr=3e-3, vocab=24), "t",
+                 progress=False)
+    settings = TrainSettings(steps=150, sequences=8, window=64, lr=3e-3, vocab=24)
     train_eagle(shards, lm_head, embed, model.config, folder / "eagle", settings, "t", progress=False)
     return folder
 
@@ -109,3 +111,37 @@ def test_sampled_output_follows_the_target(small, method, params):
         trees += out.steps[0].accepted >= 1
     assert trees > RUNS // 10, "the first pass must accept tree nodes for the test to bite"
     assert chi_square_p_value(counts, expected) > 1e-3
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_batched_head_drafters_equal_each_alone(tiny_target, heads, method, precision):
+    # In a batched pass every sequence's drafter gets its own rows of hidden states.
+    from test_scheduler import PROMPTS, Collector
+
+    from quickdraft.serve.scheduler import Scheduler
+
+    decoder = Decoder(loaded(tiny_target, "t"), None, method, 3, head=str(heads / method), precision=precision)
+    jobs = [(method, 3), ("none", None), (method, 2), ("prompt-lookup", None), (method, 4)]
+    lengths = [20, 7, 25, 13, 30]
+    scheduler = Scheduler(decoder, max_batch=3, max_queue=8)
+    collectors = [Collector() for _ in PROMPTS]
+    for collector, prompt, (name, k), length in zip(collectors, PROMPTS, jobs, lengths):
+        scheduler.submit(collector.job(prompt, length, name, k))
+    scheduler.start()
+    for collector in collectors:
+        assert collector.done.wait(60)
+    scheduler.stop()
+    for collector, prompt, (name, k), length in zip(collectors, PROMPTS, jobs, lengths):
+        alone = decoder.with_method(name, k).generate(prompt, max_new_tokens=length)
+        assert collector.output.token_ids == alone.token_ids, (name, k)
+
+
+def test_full_vocabulary_drafting_stays_exact(tiny_target, heads):
+    plain = Decoder(loaded(tiny_target, "t"), None, "none").generate([2, 7, 1, 8], 30)
+    for method in ("medusa", "eagle"):
+        for full, size in ((False, 24), (True, 32)):
+            decoder = Decoder(loaded(tiny_target, "t"), None, method, 3, head=str(heads / method), full_vocab=full)
+            head = decoder._drafter.heads if method == "medusa" else decoder._drafter.head
+            assert head.vocab.numel() == size and head.logits_layer.inner.out_features == size
+            assert decoder.generate([2, 7, 1, 8], 30).token_ids == plain.token_ids

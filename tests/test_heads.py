@@ -30,12 +30,13 @@ def test_training_files_in_every_format_and_evaluation_sets_refused(tmp_path):
         read_examples(tmp_path / "missing.json")
 
 
-def test_head_targets_are_the_tokens_k_plus_2_ahead():
-    shard = {"tokens": torch.arange(6, dtype=torch.int32), "hidden": torch.zeros(6, 4, dtype=torch.bfloat16),
-             "offsets": torch.tensor([0, 6]), "starts": torch.tensor([2])}
+def test_medusa_head_k_learns_the_targets_choice_k_plus_1_ahead():
+    shard = {"tokens": torch.arange(6, dtype=torch.int32), "choice": torch.arange(100, 106, dtype=torch.int32),
+             "hidden": torch.zeros(6, 4, dtype=torch.bfloat16), "offsets": torch.tensor([0, 6]),
+             "starts": torch.tensor([2])}
     data = medusa_positions([shard], heads=2)
-    assert data.rows.tolist() == [1, 2, 3, 4]  # from the last prompt token to the one before the end
-    assert data.targets.tolist() == [[3, 4, 5, -1], [4, 5, -1, -1]]
+    assert data.rows.tolist() == [0, 1, 2, 3, 4]  # every position with a token after it
+    assert data.targets.tolist() == [[101, 102, 103, 104, 105], [102, 103, 104, 105, -1]]
 
 
 def test_draft_vocabulary_keeps_the_most_frequent_tokens():
@@ -48,16 +49,16 @@ def test_draft_vocabulary_keeps_the_most_frequent_tokens():
 
 
 def test_eagle_batch_pairs_each_state_with_the_next_token():
-    tokens = torch.arange(10, 16)  # 6 tokens, the response starts at index 3
+    tokens = torch.arange(10, 16)  # 6 tokens
     hidden = torch.arange(6.0)[:, None].expand(6, 2).to(torch.bfloat16)
-    data = eagle_sequences([{"tokens": tokens.int(), "hidden": hidden, "offsets": torch.tensor([0, 6]),
-                             "starts": torch.tensor([3])}])
+    data = eagle_sequences([{"tokens": tokens.int(), "choice": (tokens + 1).int(), "hidden": hidden,
+                             "offsets": torch.tensor([0, 6]), "starts": torch.tensor([3])}])
     batch = eagle_batch(data, [0], 64, vocabulary_index(torch.arange(20), 20), 0.0, torch.Generator())
     assert batch["hidden"][0, :, 0].tolist() == [0, 1, 2, 3, 4]  # f_j
     assert batch["tokens"][0].tolist() == [11, 12, 13, 14, 15]  # x_{j+1}
     assert batch["targets"][0, :, 0].tolist() == [1, 2, 3, 4, 5]  # f_{j+1}
-    assert batch["labels"][0].tolist() == [12, 13, 14, 15, -1]  # x_{j+2}
-    assert batch["weight"][0].tolist() == [False, True, True, True, False]  # x_{j+2} in the response
+    assert batch["labels"][0].tolist() == [12, 13, 14, 15, 16]  # the target's choice after j + 1
+    assert batch["weight"][0].all()
 
 
 class IdTokenizer:
@@ -151,3 +152,26 @@ def test_train_command_refuses_evaluation_data_before_loading_anything(tmp_path,
     assert "evaluation set" in capsys.readouterr().err
     assert main(["train", "eagle", "--data", str(tmp_path / "none.json"), "--output", str(tmp_path)]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_int8_drafting_copies_agree_with_the_trained_heads():
+    from quickdraft.heads.inference import Int8Layer, for_drafting
+
+    torch.manual_seed(0)  # test-only: reproducible random weights
+    lm_head, hidden = torch.randn(64, 32), torch.randn(6, 32)
+    medusa = MedusaHeads(lm_head, 2)
+    for block in medusa.blocks:
+        torch.nn.init.normal_(block.linear.weight, std=0.1)
+    exact = medusa(hidden)
+    fast = for_drafting(medusa)
+    assert isinstance(fast.blocks[0].linear, Int8Layer)
+    assert (fast(hidden).argmax(-1) == exact.argmax(-1)).float().mean() > 0.9
+    assert torch.allclose(fast(hidden), exact, atol=0.1 * exact.abs().max().item())
+    config = EagleConfig(hidden=32, intermediate=64, heads=4, kv_heads=2, head_dim=8, rope_theta=1e4, eps=1e-6)
+    eagle = EagleHead(config, torch.randn(64, 32), lm_head, torch.arange(64)).eval()
+    args = (hidden[None], torch.arange(6)[None], torch.arange(6)[None], torch.ones(6, 6, dtype=torch.bool).tril()[None])
+    with torch.no_grad():
+        exact = eagle.logits(eagle(*args)[0])
+        fast = for_drafting(eagle)
+        approx = fast.logits(fast(*args)[0])
+    assert (approx.argmax(-1) == exact.argmax(-1)).float().mean() > 0.8

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from quickdraft.decoder import Decoder
 from quickdraft.errors import QuickdraftError
+from quickdraft.heads.store import has_head
 from quickdraft.methods import METHODS, get_method
 
 BASELINE = "none"
@@ -98,14 +99,16 @@ def _label(value: object) -> str:
 def method_contenders(base: Decoder, specs: list[str]) -> list[MethodContender]:
     """The baseline (method none) first, then each spec's decoders over the same loaded models.
 
-    "all" stands for every method with its defaults (draft only when a draft model is loaded).
+    "all" stands for every method with its defaults (draft only when a draft model is loaded,
+    eagle and medusa only when heads are shipped for the target).
     A method at another precision or runner than the baseline's is checked against plain
     decoding at that precision and runner (none:precision=...,runner=...), added if not asked for."""
     expanded: list[tuple[str, str, dict]] = []
     for spec in specs:
         if spec == "all":
             expanded += [(name, name, {}) for name, method in METHODS.items()
-                         if method.speculative and (base.draft is not None or not method.needs_draft_model)]
+                         if method.speculative and (base.draft is not None or not method.needs_draft_model)
+                         and (not method.needs_hidden or has_head(name, base.target))]
         else:
             expanded += parse_spec(spec)
     contenders = [MethodContender(BASELINE, base.with_method(BASELINE))]

@@ -17,17 +17,27 @@ KINDS = ("medusa", "eagle")
 
 
 def training_sequences(loaded: LoadedModel, data: list[Path], max_examples: int | None, max_tokens: int,
-                       distill_tokens: int | None, cache: Path, progress: bool = True) -> list[Sequence]:
-    """Every file's first `max_examples` examples, encoded as the decoder encodes chats; with
-    distill_tokens, their responses replaced by the target's own (cached in `cache`)."""
-    examples = [example for path in data for example in read_examples(path)[:max_examples]]
-    if not examples:
+                       distill_tokens: int | None, cache: Path, distill_examples: int | None = None,
+                       progress: bool = True) -> list[Sequence]:
+    """Every file's first `max_examples` examples, encoded as the decoder encodes chats. With
+    distill_tokens, the first `distill_examples` of each file (default: all) get the target's own
+    responses instead of the dataset's (cached in `cache`); the rest keep the dataset's text."""
+    files = [read_examples(path)[:max_examples] for path in data]
+    if not any(files):
         raise QuickdraftError("no training examples in the data files")
     if loaded.tokenizer is None:
         raise QuickdraftError(f"target {loaded.name!r} has no tokenizer to encode the training text")
-    sequences = [encode_example(loaded.tokenizer, example, max_tokens) for example in examples]
+    encoded = [[encode_example(loaded.tokenizer, example, max_tokens) for example in file] for file in files]
     if distill_tokens is None:
-        return sequences
+        return [sequence for file in encoded for sequence in file]
+    chosen = [sequence for file in encoded for sequence in file[:distill_examples]]
+    rest = [sequence for file in encoded for sequence in file[len(file[:distill_examples]) :]]
+    return distilled(loaded, chosen, distill_tokens, cache, progress) + rest
+
+
+def distilled(loaded: LoadedModel, sequences: list[Sequence], distill_tokens: int, cache: Path,
+              progress: bool) -> list[Sequence]:
+    """The sequences' prompts with the target's greedy responses, made once and cached."""
     tokenizer = loaded.tokenizer
     saved = cache / f"distilled-{fingerprint(sequences)}-{distill_tokens}.json"
     if saved.is_file():
@@ -35,15 +45,16 @@ def training_sequences(loaded: LoadedModel, data: list[Path], max_examples: int 
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     prompts = [(ids[:start], start) for ids, start in sequences if start > 0]
-    distilled = regenerate(loaded.model, prompts, pad, eos, distill_tokens, progress=progress)
+    result = regenerate(loaded.model, prompts, pad, eos, distill_tokens, progress=progress)
     cache.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps(distilled))
-    return distilled
+    saved.write_text(json.dumps(result))
+    return result
 
 
 def train(kind: str, target: str | None, data: list[Path], output: Path, *, heads: int = 3,
-          max_examples: int | None = None, max_tokens: int = 256, distill_tokens: int | None = None,
-          cache: Path | None = None, settings: TrainSettings = TrainSettings(), progress: bool = True) -> dict:
+          max_examples: int | None = None, max_tokens: int = 512, distill_tokens: int | None = None,
+          distill_examples: int | None = None, cache: Path | None = None,
+          settings: TrainSettings = TrainSettings(), progress: bool = True) -> dict:
     """Train a `kind` head for `target` (None: the embedded default) on `data` files; returns its config."""
     if kind not in KINDS:
         raise QuickdraftError(f"unknown head kind {kind!r}; choose one of: {', '.join(KINDS)}")
@@ -53,7 +64,8 @@ def train(kind: str, target: str | None, data: list[Path], output: Path, *, head
         read_examples(path)  # refuse evaluation sets and missing files before loading the model
     cache = cache if cache is not None else output / "cache"
     loaded = load_model(target)
-    sequences = training_sequences(loaded, data, max_examples, max_tokens, distill_tokens, cache, progress)
+    sequences = training_sequences(loaded, data, max_examples, max_tokens, distill_tokens, cache,
+                                   distill_examples, progress)
     shards = load_features(extract_features(loaded.model, sequences, cache / "features", progress))
     lm_head = loaded.model.get_output_embeddings().weight.detach()
     if kind == "medusa":

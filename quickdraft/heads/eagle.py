@@ -61,6 +61,7 @@ class EagleHead(nn.Module):
         self.register_buffer("lm_head", lm_head.detach().float()[vocab], persistent=False)  # [V', H]
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2]
+        self.logits_layer: nn.Module | None = None  # set by heads.inference.for_drafting
 
     def forward(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                 past: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -87,7 +88,7 @@ class EagleHead(nn.Module):
 
     def logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., H] predicted states -> [..., V'] logits over the draft vocabulary."""
-        return predicted @ self.lm_head.T
+        return self.logits_layer(predicted) if self.logits_layer is not None else predicted @ self.lm_head.T
 
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions[..., None].float() * self.inv_freq  # [B, T, D/2]

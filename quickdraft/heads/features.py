@@ -1,5 +1,7 @@
 """Teacher-forced features: each training example through the target once, its last hidden state
-(after the final norm) kept on disk next to the tokens, so heads train without the target."""
+(after the final norm) and its greedy choice at every position kept on disk next to the tokens,
+so heads train without the target. Heads learn the target's choices, not the text's: on text the
+target did not write, the two differ, and drafts must match the target."""
 
 from __future__ import annotations
 
@@ -39,9 +41,10 @@ def fingerprint(sequences: list[Sequence]) -> str:
 @torch.inference_mode()
 def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: Path,
                      progress: bool = True) -> Path:
-    """Write shards features-NNNNN.safetensors (tokens int32 [N], hidden bf16 [N, H], offsets
-    int64 [E + 1], starts int64 [E]) and index.json into `folder`; shards already there are kept
-    (resuming an interrupted run) when they were made from the same sequences."""
+    """Write shards features-NNNNN.safetensors (tokens int32 [N], hidden bf16 [N, H], choice int32
+    [N]: the target's argmax after each position, offsets int64 [E + 1], starts int64 [E]) and
+    index.json into `folder`; shards already there are kept (resuming an interrupted run) when they
+    were made from the same sequences."""
     folder.mkdir(parents=True, exist_ok=True)
     digest = fingerprint(sequences)
     index = folder / "index.json"
@@ -58,7 +61,7 @@ def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: 
         if (folder / name).is_file():
             bar.update(len(shard))
             continue
-        tokens, hidden, offsets, starts = [], [], [0], []
+        tokens, hidden, choice, offsets, starts = [], [], [], [0], []
         for ids, start in shard:
             if len(ids) - start < 2:
                 bar.update(1)
@@ -66,6 +69,7 @@ def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: 
             states = model.model(torch.tensor([ids])).last_hidden_state[0]  # [T, H], after the final norm
             tokens.append(torch.tensor(ids, dtype=torch.int32))
             hidden.append(states.to(torch.bfloat16))
+            choice.append(model.get_output_embeddings()(states).argmax(-1).to(torch.int32))  # [T]
             offsets.append(offsets[-1] + len(ids))
             starts.append(start)
             bar.update(1)
@@ -73,7 +77,7 @@ def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: 
             names.pop()
             continue
         staging = folder / (name + ".partial")
-        save_file({"tokens": torch.cat(tokens), "hidden": torch.cat(hidden),
+        save_file({"tokens": torch.cat(tokens), "hidden": torch.cat(hidden), "choice": torch.cat(choice),
                    "offsets": torch.tensor(offsets), "starts": torch.tensor(starts)}, str(staging))
         staging.rename(folder / name)  # atomic: a half-written shard is never read
     bar.close()

@@ -31,6 +31,7 @@ class MedusaHeads(nn.Module):
         self.blocks = nn.ModuleList(ResidualBlock(lm_head.shape[1]) for _ in range(heads))
         self.register_buffer("vocab", vocab, persistent=True)  # [V'] draft ids, saved with the heads
         self.register_buffer("lm_head", lm_head.detach().float()[vocab], persistent=False)  # [V', H]
+        self.logits_layer: nn.Module | None = None  # set by heads.inference.for_drafting
 
     @property
     def heads(self) -> int:
@@ -38,7 +39,8 @@ class MedusaHeads(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [heads, ..., V'] logits over the draft vocabulary."""
-        return torch.stack([F.linear(block(hidden), self.lm_head) for block in self.blocks])
+        states = torch.stack([block(hidden) for block in self.blocks])  # [heads, ..., H]
+        return self.logits_layer(states) if self.logits_layer is not None else F.linear(states, self.lm_head)
 
 
 def medusa_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

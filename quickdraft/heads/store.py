@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 
 
 from quickdraft.errors import QuickdraftError
@@ -36,13 +38,29 @@ def head_folder(kind: str, target: LoadedModel, path: str | Path | None) -> Path
     return folder
 
 
-def load_head(kind: str, target: LoadedModel, path: str | Path | None) -> MedusaHeads | EagleHead:
+def load_head(kind: str, target: LoadedModel, path: str | Path | None,
+              full_vocab: bool = False) -> MedusaHeads | EagleHead:
+    """The head, over the target's LM head sliced to the head's draft vocabulary, or over all of
+    it with full_vocab (the head's layers predict states, not ids, so either works)."""
     folder = head_folder(kind, target, path)
     lm_head = target.model.get_output_embeddings().weight.detach()
     if kind == "medusa":
-        return load_medusa(folder, lm_head)
-    embed = target.model.get_input_embeddings().weight.detach()
-    return load_eagle(folder, lm_head, embed)
+        head = load_medusa(folder, lm_head)
+    else:
+        head = load_eagle(folder, lm_head, target.model.get_input_embeddings().weight.detach())
+    if full_vocab:
+        head.vocab = torch.arange(lm_head.shape[0])
+        head.lm_head = lm_head.float()
+    return head
 
 
 
+
+
+def has_head(kind: str, target: LoadedModel) -> bool:
+    """Whether a `kind` head for `target` is shipped (bench "all" runs the head methods only then)."""
+    try:
+        head_folder(kind, target, None)
+    except QuickdraftError:
+        return False
+    return True

@@ -32,7 +32,7 @@ class TrainSettings:
     noise: float = 0.1  # EAGLE: uniform noise on input states, x their RMS (drafting reads its own guesses)
     eval_every: int = 100
     checkpoint_every: int = 200
-    held_out: float = 0.05  # the last examples, never trained on
+    held_out: float = 0.05  # share of examples never trained on (chosen at random by the seed)
     seed: int = 0
 
 
@@ -47,76 +47,71 @@ class Positions:
 
 
 def medusa_positions(shards: list[dict[str, torch.Tensor]], heads: int) -> Positions:
-    """Response positions t (from the last prompt token on); head k's target is token t + k + 2."""
+    """Every position t with a token after it; head k's target is the target's own choice after
+    position t + k + 1 (its greedy guess of token t + k + 2 from the true prefix)."""
     hidden = torch.cat([s["hidden"] for s in shards])
     rows, targets, example = [], [], []
     base, number = 0, 0
     for shard in shards:
-        tokens, offsets, starts = shard["tokens"].long(), shard["offsets"].tolist(), shard["starts"].tolist()
-        for i, start in enumerate(starts):
+        choice, offsets = shard["choice"].long(), shard["offsets"].tolist()
+        for i in range(len(offsets) - 1):
             first, end = offsets[i], offsets[i + 1]
-            t = torch.arange(first + max(start - 1, 0), end - 1)  # positions within the shard
-            ahead = t[None, :] + torch.arange(heads)[:, None] + 2  # [heads, len]
-            padded = torch.cat([tokens, torch.full((heads + 2,), -1)])
-            target = torch.where(ahead < end, padded[ahead.clamp(max=len(padded) - 1)], torch.tensor(-1))
+            t = torch.arange(first, end - 1)  # positions within the shard
+            ahead = t[None, :] + torch.arange(heads)[:, None] + 1  # [heads, len]
             rows.append(t + base)
-            targets.append(target)
+            targets.append(torch.where(ahead < end, choice[ahead.clamp(max=end - 1)], torch.tensor(-1)))
             example.append(torch.full((len(t),), number))
             number += 1
-        base += len(tokens)
+        base += len(choice)
     return Positions(hidden, torch.cat(rows), torch.cat(targets, dim=1), torch.cat(example))
 
 
 @dataclass
 class Sequences:
-    """Whole training sequences for EAGLE: tokens [L_i], hidden [L_i, H] bf16, response start."""
+    """Whole training sequences for EAGLE: tokens [L_i], the target's choices [L_i], hidden [L_i, H]."""
 
     tokens: list[torch.Tensor]
+    choice: list[torch.Tensor]
     hidden: list[torch.Tensor]
-    starts: list[int]
 
 
 def eagle_sequences(shards: list[dict[str, torch.Tensor]]) -> Sequences:
-    tokens, hidden, starts = [], [], []
+    tokens, choice, hidden = [], [], []
     for shard in shards:
         offsets = shard["offsets"].tolist()
-        for i, start in enumerate(shard["starts"].tolist()):
+        for i in range(len(offsets) - 1):
             tokens.append(shard["tokens"][offsets[i] : offsets[i + 1]].long())
+            choice.append(shard["choice"][offsets[i] : offsets[i + 1]].long())
             hidden.append(shard["hidden"][offsets[i] : offsets[i + 1]])
-            starts.append(start)
-    return Sequences(tokens, hidden, starts)
+    return Sequences(tokens, choice, hidden)
 
 
 def eagle_batch(data: Sequences, chosen: list[int], window: int, index: torch.Tensor, noise: float,
                 generator: torch.Generator) -> dict[str, torch.Tensor]:
     """Padded inputs for the EAGLE head: input j is (f_j, x_{j+1}); it should predict f_{j+1} and
-    the token x_{j+2}; the loss counts where x_{j+2} is a response token. A window of at most
-    `window` positions per sequence, placed at random over its response."""
+    the target's own choice after j + 1 (its greedy guess of x_{j+2}). A random window of at most
+    `window` positions per sequence."""
     parts = []
     for i in chosen:
-        tokens, hidden, start = data.tokens[i], data.hidden[i], data.starts[i]
-        length = len(tokens)
-        first = 0
-        if length > window:
-            low = max(0, min(start - 1, length - window))
-            first = int(torch.randint(low, length - window + 1, (1,), generator=generator))
-        parts.append((tokens[first : first + window], hidden[first : first + window].float(), start - first))
+        tokens, choice, hidden = data.tokens[i], data.choice[i], data.hidden[i]
+        first = int(torch.randint(len(tokens) - window + 1, (1,), generator=generator)) if len(tokens) > window else 0
+        parts.append((tokens[first : first + window], choice[first : first + window],
+                      hidden[first : first + window].float()))
     t = max(len(p[0]) for p in parts) - 1
-    b, h = len(parts), parts[0][1].shape[1]
+    b, h = len(parts), parts[0][2].shape[1]
     states, inputs = torch.zeros(b, t, h), torch.zeros(b, t, dtype=torch.long)
     targets, labels = torch.zeros(b, t, h), torch.full((b, t), -1, dtype=torch.long)
-    weight, valid = torch.zeros(b, t, dtype=torch.bool), torch.zeros(b, t, dtype=torch.bool)
-    for row, (tokens, hidden, start) in enumerate(parts):
+    weight = torch.zeros(b, t, dtype=torch.bool)
+    for row, (tokens, choice, hidden) in enumerate(parts):
         n = len(tokens) - 1
         states[row, :n], inputs[row, :n], targets[row, :n] = hidden[:-1], tokens[1:], hidden[1:]
-        labels[row, : n - 1] = index[tokens[2:]]
-        weight[row, max(start - 2, 0) : n - 1] = True  # x_{j+2} is in the response (and exists)
-        valid[row, :n] = True
+        labels[row, :n] = index[choice[1:]]
+        weight[row, :n] = True
     if noise > 0:
         scale = states.pow(2).mean().sqrt() * noise
         states = states + (torch.rand(states.shape, generator=generator) * 2 - 1) * scale
     causal = torch.ones(t, t, dtype=torch.bool).tril()
-    mask = causal[None] & valid[:, None, :]  # [B, T, T]
+    mask = causal[None] & weight[:, None, :]  # [B, T, T]
     mask |= torch.eye(t, dtype=torch.bool)[None]  # padded rows see themselves (their loss is masked)
     positions = torch.arange(t)[None].expand(b, t)
     return {"hidden": states, "tokens": inputs, "positions": positions, "mask": mask, "targets": targets,
@@ -164,9 +159,12 @@ def optimise(model: nn.Module, step_loss: Callable[[torch.Generator], torch.Tens
     return loss, accuracy, step
 
 
-def held_out_split(examples: int, settings: TrainSettings) -> int:
-    """Examples from this index on are held out."""
-    return examples - max(1, int(examples * settings.held_out))
+def held_out(examples: int, settings: TrainSettings) -> torch.Tensor:
+    """[examples] bool: a random share (at least one) never trained on, the same for every run."""
+    chosen = torch.randperm(examples, generator=torch.Generator().manual_seed(settings.seed))
+    mask = torch.zeros(examples, dtype=torch.bool)
+    mask[chosen[: max(1, int(examples * settings.held_out))]] = True
+    return mask
 
 
 def train_medusa(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, heads: int, folder: Path,
@@ -175,11 +173,11 @@ def train_medusa(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, h
     Returns the config: held-out top-1 accuracy per head, the loss, the draft vocabulary's coverage."""
     folder.mkdir(parents=True, exist_ok=True)
     full = lm_head.shape[0]
-    vocab = draft_vocabulary(shards[:-1] or shards, settings.vocab, full)  # not from the held-out tail
+    vocab = draft_vocabulary(shards, settings.vocab, full)
     index = vocabulary_index(vocab, full)
     data = medusa_positions(shards, heads)
     data.targets = torch.where(data.targets >= 0, index[data.targets.clamp(min=0)], torch.tensor(-2))
-    held = data.example >= held_out_split(int(data.example.max()) + 1, settings)
+    held = held_out(int(data.example.max()) + 1, settings)[data.example]
     train_index, eval_index = (~held).nonzero()[:, 0], held.nonzero()[:, 0]
     eval_index = eval_index[torch.randperm(len(eval_index), generator=torch.Generator().manual_seed(0))[:2048]]
     model = MedusaHeads(lm_head, heads, vocab)
@@ -205,13 +203,14 @@ def train_eagle(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, em
     Returns the config with the held-out top-1 accuracy of its first draft token (teacher-forced)."""
     folder.mkdir(parents=True, exist_ok=True)
     full = lm_head.shape[0]
-    vocab = draft_vocabulary(shards[:-1] or shards, settings.vocab, full)
+    vocab = draft_vocabulary(shards, settings.vocab, full)
     index = vocabulary_index(vocab, full)
     data = eagle_sequences(shards)
-    split = held_out_split(len(data.tokens), settings)
+    held = held_out(len(data.tokens), settings)
+    train_ids, eval_ids = (~held).nonzero()[:, 0], held.nonzero()[:, 0]
     config = EagleConfig.from_target(target_config)
     model = EagleHead(config, embed, lm_head, vocab)
-    eval_batch = eagle_batch(data, list(range(split, len(data.tokens)))[:32], settings.window, index, 0.0,
+    eval_batch = eagle_batch(data, eval_ids[:32].tolist(), settings.window, index, 0.0,
                              torch.Generator().manual_seed(0))
 
     def run(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,7 +218,7 @@ def train_eagle(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, em
         return eagle_loss(predicted, batch["targets"], model.logits(predicted), batch["labels"], batch["weight"])
 
     def step_loss(generator: torch.Generator) -> torch.Tensor:
-        chosen = torch.randint(split, (settings.sequences,), generator=generator).tolist()
+        chosen = train_ids[torch.randint(len(train_ids), (settings.sequences,), generator=generator)].tolist()
         return run(eagle_batch(data, chosen, settings.window, index, settings.noise, generator))[0]
 
     @torch.no_grad()
