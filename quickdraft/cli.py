@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--tree-top-k", type=int, default=4,
                      help="eagle/medusa: children per expanded node and nodes expanded per tree level")
     gen.add_argument("--tree-nodes", type=int, default=16, help="eagle/medusa: draft tokens verified per pass")
+    gen.add_argument("--tree", choices=["dynamic", "static"], default="dynamic",
+                     help="eagle/medusa: dynamic (EAGLE-2: the most confident paths) or static (fixed shape)")
     gen.add_argument("--full-vocab", action="store_true",
                      help="eagle/medusa: draft over the whole vocabulary, not the head's most frequent tokens")
     gen.add_argument("--draft-length", choices=list(DRAFT_LENGTHS),
@@ -256,7 +258,7 @@ def _generate(args: argparse.Namespace) -> int:
                               draft_length=args.draft_length, k_max=args.k_max, confidence=args.confidence,
                               window=args.window, ngram=args.ngram, candidates=args.candidates,
                               head=args.head, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
-                              full_vocab=args.full_vocab,
+                              tree=args.tree, full_vocab=args.full_vocab,
                               runner=args.runner, precision=args.precision,
                               **({"layers": args.layers} if args.layers is not None else {}))
     options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -33,6 +33,7 @@ class DrafterOptions:
     head: str | None = None  # eagle/medusa: folder of a trained head (None: the one shipped for the target)
     tree_top_k: int = 4  # eagle/medusa: children per expanded node, nodes expanded per level
     tree_nodes: int = 16  # eagle/medusa: draft tokens verified per pass
+    tree: str = "dynamic"  # eagle/medusa: "dynamic" (EAGLE-2) or "static" (a fixed shape of sibling ranks)
     full_vocab: bool = False  # eagle/medusa: draft over the target's whole vocabulary, not the head's slice
 
 
@@ -72,13 +73,13 @@ def _build_self_spec(target: LoadedModel, draft: LoadedModel | None, options: Dr
 def _build_medusa(target: LoadedModel, draft: LoadedModel | None, options: DrafterOptions,
                   make_runner: RunnerFactory) -> Drafter:
     head = load_head("medusa", target, options.head, options.full_vocab)
-    return MedusaDrafter(for_drafting(head), options.tree_top_k, options.tree_nodes)
+    return MedusaDrafter(for_drafting(head), options.tree_top_k, options.tree_nodes, options.tree)
 
 
 def _build_eagle(target: LoadedModel, draft: LoadedModel | None, options: DrafterOptions,
                  make_runner: RunnerFactory) -> Drafter:
     head = load_head("eagle", target, options.head, options.full_vocab)
-    return EagleDrafter(for_drafting(head), options.tree_top_k, options.tree_nodes)
+    return EagleDrafter(for_drafting(head), options.tree_top_k, options.tree_nodes, options.tree)
 
 
 METHODS: dict[str, Method] = {

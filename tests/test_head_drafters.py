@@ -145,3 +145,18 @@ def test_full_vocabulary_drafting_stays_exact(tiny_target, heads):
             head = decoder._drafter.heads if method == "medusa" else decoder._drafter.head
             assert head.vocab.numel() == size and head.logits_layer.inner.out_features == size
             assert decoder.generate([2, 7, 1, 8], 30).token_ids == plain.token_ids
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_static_trees_greedy_equal_plain(tiny_target, heads, method):
+    plain = Decoder(loaded(tiny_target, "t"), None, "none")
+    spec = Decoder(loaded(tiny_target, "t"), None, method, 3, head=str(heads / method), tree="static",
+                   tree_nodes=8)
+    accepted = 0
+    for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9]):
+        out = spec.generate(prompt, max_new_tokens=40)
+        assert out.token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
+        # The fixed shape, whole, except where the output's end leaves room for fewer levels.
+        assert sum(len(step.draft_tokens) != 8 for step in out.steps) <= 3
+        accepted += out.stats.accepted_tokens
+    assert accepted > 0

@@ -47,3 +47,24 @@ def test_bad_tree_shapes_are_refused():
     for bad in ((0, 4, 16), (3, 0, 16), (3, 4, 0)):
         with pytest.raises(QuickdraftError, match=">= 1"):
             TreeShape(*bad)
+
+
+def test_static_tree_has_a_fixed_shape_filled_with_the_ranked_candidates():
+    from quickdraft.drafters.head_tree import draft_tree, static_shape
+
+    shape = TreeShape(depth=3, top_k=2, nodes=5, kind="static")
+    ranks, parents = static_shape(shape)
+    # Prior 0.6 / 0.15 per rank: paths 0 (.6), 0-0 (.36), 0-0-0 (.216), 1 (.15), 0-1 (.09)
+    assert sorted(zip(depths(parents), ranks)) == [(1, 0), (1, 1), (2, 0), (2, 1), (3, 0)]
+    confident, unsure = logp(0.1, 0.2, 0.7), logp(0.5, 0.3, 0.2)
+
+    def expand(frontier, tokens, parents_so_far):
+        return torch.stack([unsure if tokens[n] == 2 else confident for n in frontier])
+
+    tokens, tree = draft_tree(logp(0.1, 0.6, 0.3), expand, shape)
+    assert tree == parents  # the same shape whatever the head says
+    for node, (rank, parent) in enumerate(zip(ranks, parents)):
+        source = logp(0.1, 0.6, 0.3) if parent < 0 else (unsure if tokens[parent] == 2 else confident)
+        assert tokens[node] == int(source.topk(2).indices[rank])
+    with pytest.raises(QuickdraftError, match="unknown tree"):
+        TreeShape(3, kind="bushy")

@@ -132,7 +132,8 @@ def test_cli_bad_input_is_one_line(capsys):
 
 @pytest.mark.parametrize("method, options", [("self-spec", {"layers": [0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 28, 29]}),
                                              ("lookahead", {}),
-                                             ("prompt-lookup", {"draft_length": "cost"})])
+                                             ("prompt-lookup", {"draft_length": "cost"}),
+                                             ("medusa", {}), ("eagle", {})])
 def test_more_drafters_greedy_equal_plain_on_the_default(default, method, options):
     decoder = default.with_method(method, 3, **options)
     for prompt in PROMPTS:
@@ -213,6 +214,8 @@ def test_every_drafter_equals_plain_greedy_at_the_same_precision_on_the_default(
     plain = default.with_method("none", precision=precision)
     decoders = [default.with_method("prompt-lookup", 3, precision=precision),
                 default.with_method("lookahead", 3, precision=precision),
+                default.with_method("medusa", 3, precision=precision),
+                default.with_method("eagle", 4, precision=precision),
                 default.with_method("self-spec", 3, precision=precision, layers=list(range(9)) + [12, 16, 20, 24, 28, 29]),
                 quickdraft.Decoder(default.target, early_layers_draft, "draft", 3, precision=precision)]
     accepted = {decoder.method: 0 for decoder in decoders}
@@ -224,4 +227,15 @@ def test_every_drafter_equals_plain_greedy_at_the_same_precision_on_the_default(
             accepted[decoder.method] += out.stats.accepted_tokens
     # Accepted drafts exercise the all-accepted path; the 6-layer draft is mostly rejected at
     # int8 (its requantized layers rarely agree), which exercises rejection.
-    assert all(accepted[m] > 0 for m in ("prompt-lookup", "lookahead", "self-spec")), accepted
+    assert all(accepted[m] > 0 for m in ("prompt-lookup", "lookahead", "self-spec", "medusa", "eagle")), accepted
+
+
+def test_shipped_heads_draft_well_on_the_default(default):
+    # The heads shipped for the default target are found by name and get most drafts accepted.
+    for method, least in (("eagle", 2.0), ("medusa", 1.4)):
+        decoder = default.with_method(method, precision="int4")
+        passes = tokens = 0
+        for prompt in PROMPTS:
+            out = decoder.generate(prompt, max_new_tokens=48)
+            passes, tokens = passes + out.stats.target_passes, tokens + out.stats.new_tokens
+        assert tokens / passes > least, (method, tokens / passes)

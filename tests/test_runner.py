@@ -45,3 +45,18 @@ def test_forward_past_context_length_is_refused(tiny_target):
         assert "context length" in str(error)
     else:
         raise AssertionError("expected a ValueError")
+
+
+def test_both_runners_keep_the_last_hidden_states_after_the_final_norm(tiny_target):
+    from quickdraft.models.native import NativeRunner, NativeWeights
+
+    expected = tiny_target.model(torch.tensor([[1, 2, 3, 4, 5]])).last_hidden_state[0]  # [5, H]
+    hf = HFRunner(tiny_target, keep_hidden=True)
+    hf.forward([1, 2, 3], all_logits=False)
+    assert torch.allclose(hf.hidden, expected[:3], atol=1e-5)
+    native = NativeRunner(NativeWeights.from_model(tiny_target))
+    native.forward([1, 2, 3], all_logits=False)  # every row's state, though only the last row's logits
+    native.forward([4, 5])
+    assert native.hidden.shape == (2, tiny_target.config.hidden_size)
+    assert torch.allclose(native.hidden, expected[3:], atol=1e-4)
+    assert HFRunner(tiny_target).hidden is None  # not kept unless asked

@@ -16,7 +16,7 @@ from quickdraft.heads.store import has_head
 from quickdraft.methods import METHODS, get_method
 
 BASELINE = "none"
-TEXT_SETTINGS = ("draft_length", "runner", "precision", "head")  # settings whose values are names, not numbers
+TEXT_SETTINGS = ("draft_length", "runner", "precision", "head", "tree")  # settings whose values are names, not numbers
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from quickdraft.drafters.base import Draft
-from quickdraft.drafters.head_tree import TreeShape, grow_tree
+from quickdraft.drafters.head_tree import TreeShape, draft_tree
 from quickdraft.heads.eagle import EagleHead
 from quickdraft.sampling import SamplingParams
 from quickdraft.tree import ancestors
@@ -23,14 +23,15 @@ from quickdraft.tree import ancestors
 class EagleDrafter:
     needs_hidden = True
 
-    def __init__(self, head: EagleHead, top_k: int = 4, nodes: int = 16) -> None:
+    def __init__(self, head: EagleHead, top_k: int = 4, nodes: int = 16, tree: str = "dynamic") -> None:
         self.head = head
-        self.top_k, self.nodes = top_k, nodes
-        TreeShape(1, top_k, nodes)  # refuse bad settings now, not at the first step
+        self.top_k, self.nodes, self.tree = top_k, nodes, tree
+        TreeShape(1, top_k, nodes, tree)  # refuse bad settings now, not at the first step
         self.tokens: list[int] = []
         self.keys: torch.Tensor | None = None  # [1, KV, C, D]: the pairs at positions 0..C-1
         self.values: torch.Tensor | None = None
         self.pending: list[tuple[torch.Tensor, list[int]]] = []  # (f rows [m, H], the m tokens after them)
+        self.state: torch.Tensor | None = None  # [H]: the head's prediction after the newest token
 
     @property
     def cached(self) -> int:
@@ -40,6 +41,7 @@ class EagleDrafter:
         self.tokens = list(prompt_ids)
         self.keys = self.values = None
         self.pending = []
+        self.state = None
 
     def observe_hidden(self, hidden: torch.Tensor) -> None:
         self.pending.append((hidden.float(), self.tokens[len(self.tokens) - hidden.shape[0] :]))
@@ -52,11 +54,11 @@ class EagleDrafter:
 
     @torch.inference_mode()
     def propose(self, tokens: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
-        if not self.pending:  # no verified state yet (a one-token prompt)
+        if self.pending:
+            self.state = self._commit()
+        if self.state is None or k < 1:  # no verified state yet (a one-token prompt)
             return Draft()
-        state = self._commit()  # [H]: predicted state after the newest token
-        if k < 1:
-            return Draft()
+        state = self.state  # [H]: predicted state after the newest token
         root = self.cached  # pairs cached: positions 0..root-1; the newest token sits at `root`
         outputs: dict[int, torch.Tensor] = {}  # node -> predicted state after it
         fed: list[int] = []  # tree nodes whose keys follow the cache, in order
@@ -84,7 +86,7 @@ class EagleDrafter:
             return torch.log_softmax(self.head.logits(out[0]), dim=-1)  # [F, V']
 
         first = torch.log_softmax(self.head.logits(state), dim=-1)  # [V']
-        ids, parents = grow_tree(first, expand, TreeShape(k, self.top_k, self.nodes))
+        ids, parents = draft_tree(first, expand, TreeShape(k, self.top_k, self.nodes, self.tree))
         return Draft(self.head.vocab[ids].tolist(), None, parents)
 
     def _commit(self) -> torch.Tensor:

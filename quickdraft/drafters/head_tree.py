@@ -1,9 +1,13 @@
-"""Draft trees grown from a head's confidence (EAGLE-2, Li et al. 2024), shared by EAGLE and Medusa.
+"""Draft trees from a head's guesses, shared by EAGLE and Medusa.
 
-Expand: at each level, the top_k most confident nodes so far (by cumulative log-probability,
-the chance the whole path is right) each get their top_k children. Rerank: of all nodes grown,
-keep the `nodes` most confident for verification. A child is never more confident than its
-parent, so the kept set is always a tree.
+Dynamic (EAGLE-2, Li et al. 2024): at each level, the top_k most confident nodes so far (by
+cumulative log-probability, the chance the whole path is right) each get their top_k children.
+Rerank: of all nodes grown, keep the `nodes` most confident for verification. A child is never
+more confident than its parent, so the kept set is always a tree.
+
+Static (EAGLE-1, Medusa): the same rule applied once to a fixed prior over sibling ranks instead
+of the head's confidence gives a fixed shape (which ranks under which); drafting fills it with
+the head's candidates at those ranks, whatever their confidence.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.tree import depths
 
 # (frontier node indices, tokens so far, parents so far) -> [len(frontier), V'] log-probs of each
 # frontier node's children.
@@ -23,16 +28,55 @@ Expand = Callable[[list[int], list[int], list[int]], torch.Tensor]
 @dataclass(frozen=True)
 class TreeShape:
     """depth: levels drafted (the method's K); top_k: children per expanded node and nodes expanded
-    per level; nodes: draft tokens verified per pass after reranking."""
+    per level; nodes: draft tokens verified per pass after reranking; kind: dynamic or static."""
 
     depth: int
     top_k: int = 4
     nodes: int = 16
+    kind: str = "dynamic"
 
     def __post_init__(self) -> None:
         if self.depth < 1 or self.top_k < 1 or self.nodes < 1:
             raise QuickdraftError(f"tree depth, top_k and nodes must be >= 1; got {self.depth}, {self.top_k}, "
                                   f"{self.nodes}")
+        if self.kind not in TREE_KINDS:
+            raise QuickdraftError(f"unknown tree {self.kind!r}; choose one of: {', '.join(TREE_KINDS)}")
+
+
+TREE_KINDS = ("dynamic", "static")
+# The static shape's prior: how often the head's sibling of each rank is the target's choice
+# (a fixed guess, the same at every depth; only the order it implies matters).
+RANK_PRIOR = torch.tensor([0.6, 0.15, 0.07, 0.04, 0.03, 0.02, 0.015, 0.01]).log()
+
+
+def draft_tree(first: torch.Tensor, expand: Expand, shape: TreeShape) -> tuple[list[int], list[int]]:
+    """The tree of `shape.kind` -> (tokens as indices into the head's vocabulary, parents)."""
+    return grow_tree(first, expand, shape) if shape.kind == "dynamic" else fill_static_tree(first, expand, shape)
+
+
+def static_shape(shape: TreeShape) -> tuple[list[int], list[int]]:
+    """(sibling rank of each node, parents): the dynamic rule over RANK_PRIOR."""
+    prior = RANK_PRIOR[: shape.top_k]
+    return grow_tree(prior, lambda frontier, tokens, parents: prior.expand(len(frontier), -1), shape)
+
+
+def fill_static_tree(first: torch.Tensor, expand: Expand, shape: TreeShape) -> tuple[list[int], list[int]]:
+    """The static shape, each node the head's candidate of its rank under its parent."""
+    ranks, parents = static_shape(shape)
+    level = depths(parents)
+    tokens = [-1] * len(ranks)
+    for node in (n for n in range(len(ranks)) if parents[n] < 0):
+        tokens[node] = int(first.topk(ranks[node] + 1).indices[ranks[node]])
+    for depth in range(1, max(level, default=0)):
+        # Nodes come level by level: every node up to this level has its token.
+        known = sum(1 for d in level if d <= depth)
+        frontier = sorted({parents[n] for n in range(len(ranks)) if level[n] == depth + 1})
+        logp = expand(frontier, tokens[:known], parents[:known])  # [F, V']
+        for row, parent in enumerate(frontier):
+            order = logp[row].topk(shape.top_k).indices
+            for child in (n for n in range(len(ranks)) if parents[n] == parent):
+                tokens[child] = int(order[ranks[child]])
+    return tokens, parents
 
 
 def grow_tree(first: torch.Tensor, expand: Expand, shape: TreeShape) -> tuple[list[int], list[int]]:

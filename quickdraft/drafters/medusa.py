@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from quickdraft.drafters.base import Draft
-from quickdraft.drafters.head_tree import TreeShape, grow_tree
+from quickdraft.drafters.head_tree import TreeShape, draft_tree
 from quickdraft.heads.medusa import MedusaHeads
 from quickdraft.sampling import SamplingParams
 from quickdraft.tree import ancestors
@@ -19,10 +19,10 @@ class MedusaDrafter:
 
     needs_hidden = True
 
-    def __init__(self, heads: MedusaHeads, top_k: int = 4, nodes: int = 16) -> None:
+    def __init__(self, heads: MedusaHeads, top_k: int = 4, nodes: int = 16, tree: str = "dynamic") -> None:
         self.heads = heads
-        self.top_k, self.nodes = top_k, nodes
-        TreeShape(1, top_k, nodes)  # refuse bad settings now, not at the first step
+        self.top_k, self.nodes, self.tree = top_k, nodes, tree
+        TreeShape(1, top_k, nodes, tree)  # refuse bad settings now, not at the first step
         self.state: torch.Tensor | None = None  # [H]: where the target predicted the newest token
 
     def begin(self, prompt_ids: list[int]) -> None:
@@ -36,13 +36,13 @@ class MedusaDrafter:
         if k < 1 or self.state is None:
             return Draft()
         logp = torch.log_softmax(self.heads(self.state), dim=-1)  # [heads, V']
-        shape = TreeShape(min(k, self.heads.heads), self.top_k, self.nodes)
+        shape = TreeShape(min(k, self.heads.heads), self.top_k, self.nodes, self.tree)
 
         def expand(frontier: list[int], drafted: list[int], parents: list[int]) -> torch.Tensor:
             depth = len(ancestors(frontier[0], parents))  # the frontier is one level
             return logp[depth].expand(len(frontier), -1)  # [F, V']: head `depth` guesses one level deeper
 
-        ids, parents = grow_tree(logp[0], expand, shape)
+        ids, parents = draft_tree(logp[0], expand, shape)
         return Draft(self.heads.vocab[ids].tolist(), None, parents)
 
     def rollback(self, tokens: list[int]) -> None:

@@ -1,0 +1,97 @@
+"""What a draft-head step costs on the embedded default target, next to the target pass it feeds.
+
+Times (median of --repeats) one EAGLE proposal (commit the verified pairs, grow a tree) and one
+Medusa proposal with the shipped heads, for the head in fp32 and as int8 (what drafting uses),
+over the draft vocabulary and over the full one; then an int4 target pass of 1 + N rows at
+context ~200 for the tree sizes a proposal can have. Prints a JSON summary.
+
+    python benchmarks/head_cost.py --output bench-out/head_cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+import quickdraft
+from quickdraft.drafters.eagle import EagleDrafter
+from quickdraft.drafters.medusa import MedusaDrafter
+from quickdraft.heads.inference import for_drafting
+from quickdraft.heads.store import load_head
+from quickdraft.sampling import SamplingParams
+
+PROMPT = "Write a Python function that checks whether a number is prime, and explain how it works."
+
+
+def median_ms(run, repeats: int) -> float:
+    run()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return round(statistics.median(times) * 1000, 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--output", type=Path, default=Path("bench-out/head_cost.json"))
+    args = parser.parse_args()
+    decoder = quickdraft.load(method="none", precision="int4")
+    target = decoder.target
+    prompt = decoder.encode(PROMPT)
+    generation = decoder.start(prompt, max_new_tokens=64)
+    for _ in generation:
+        pass
+    tokens = generation.tokens  # ~110 tokens of real context
+    runner = decoder._target_runner
+    runner.reset()
+    runner.forward(tokens[:-1], all_logits=False)
+    hidden = runner.hidden  # [n, H]
+    params, generator = SamplingParams(), torch.Generator()
+    results: dict = {"date": str(date.today()), "machine": platform.processor() or platform.machine(),
+                     "threads": torch.get_num_threads(), "context": len(tokens), "draft": {}, "target_pass": {}}
+
+    for kind, make in (("eagle", EagleDrafter), ("medusa", MedusaDrafter)):
+        for full in (False, True):
+            for quantized in (False, True):
+                head = load_head(kind, target, None, full_vocab=full)
+                head = for_drafting(head) if quantized else head.eval()
+                drafter = make(head, 4, 16)
+                depth = 5 if kind == "eagle" else 3
+
+                drafter.begin(tokens)
+                drafter.observe_hidden(hidden[:-4])  # the prompt's states (the cost counts, not the pairing)
+                drafter.propose(tokens, depth, params, generator)
+
+                def propose() -> None:  # one step: the states of a pass that accepted 3 drafts, then a tree
+                    drafter.observe_hidden(hidden[-4:])
+                    drafter.propose(tokens, depth, params, generator)
+
+                name = f"{kind} {'full vocabulary' if full else 'draft vocabulary'} {'int8' if quantized else 'fp32'}"
+                results["draft"][name] = median_ms(propose, args.repeats)
+                print(name, results["draft"][name], flush=True)
+
+    for rows in (1, 4, 8, 12, 16, 24, 32):
+        def target_pass() -> None:
+            runner.forward(tokens[-rows:], positions=list(range(len(tokens) - 1, len(tokens) - 1 + rows)))
+            runner.truncate(len(tokens) - 1)
+
+        runner.truncate(len(tokens) - 1)
+        results["target_pass"][rows] = median_ms(target_pass, args.repeats)
+        print("target pass rows", rows, results["target_pass"][rows], flush=True)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=1))
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
