@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "embedded target)")
     gen.add_argument("--tree-top-k", type=int, default=4,
                      help="eagle/medusa: children per expanded node and nodes expanded per tree level")
-    gen.add_argument("--tree-nodes", type=int, default=16, help="eagle/medusa: draft tokens verified per pass")
+    gen.add_argument("--tree-nodes", type=int, default=4, help="eagle/medusa: draft tokens verified per pass")
     gen.add_argument("--tree", choices=["dynamic", "static"], default="dynamic",
                      help="eagle/medusa: dynamic (EAGLE-2: the most confident paths) or static (fixed shape)")
     gen.add_argument("--full-vocab", action="store_true",

@@ -30,6 +30,7 @@ class TrainSettings:
     lr: float = 1e-3
     vocab: int = 8192  # draft vocabulary: the most frequent response tokens
     noise: float = 0.1  # EAGLE: uniform noise on input states, x their RMS (drafting reads its own guesses)
+    classification: float = 0.1  # EAGLE: weight of the cross-entropy on the next choice (regression: 1)
     eval_every: int = 100
     checkpoint_every: int = 200
     held_out: float = 0.05  # share of examples never trained on (chosen at random by the seed)
@@ -44,16 +45,17 @@ class Positions:
     rows: torch.Tensor  # [P] int64 into hidden
     targets: torch.Tensor  # [heads, P] int64; -1 past the end of the example
     example: torch.Tensor  # [P] int64: which example (to split off held-out ones)
+    response: torch.Tensor  # [P] bool: head 1's token is in the response (what drafting sees)
 
 
 def medusa_positions(shards: list[dict[str, torch.Tensor]], heads: int) -> Positions:
     """Every position t with a token after it; head k's target is the target's own choice after
     position t + k + 1 (its greedy guess of token t + k + 2 from the true prefix)."""
     hidden = torch.cat([s["hidden"] for s in shards])
-    rows, targets, example = [], [], []
+    rows, targets, example, response = [], [], [], []
     base, number = 0, 0
     for shard in shards:
-        choice, offsets = shard["choice"].long(), shard["offsets"].tolist()
+        choice, offsets, starts = shard["choice"].long(), shard["offsets"].tolist(), shard["starts"].tolist()
         for i in range(len(offsets) - 1):
             first, end = offsets[i], offsets[i + 1]
             t = torch.arange(first, end - 1)  # positions within the shard
@@ -61,52 +63,57 @@ def medusa_positions(shards: list[dict[str, torch.Tensor]], heads: int) -> Posit
             rows.append(t + base)
             targets.append(torch.where(ahead < end, choice[ahead.clamp(max=end - 1)], torch.tensor(-1)))
             example.append(torch.full((len(t),), number))
+            response.append(t - first + 2 >= starts[i])
             number += 1
         base += len(choice)
-    return Positions(hidden, torch.cat(rows), torch.cat(targets, dim=1), torch.cat(example))
+    return Positions(hidden, torch.cat(rows), torch.cat(targets, dim=1), torch.cat(example), torch.cat(response))
 
 
 @dataclass
 class Sequences:
-    """Whole training sequences for EAGLE: tokens [L_i], the target's choices [L_i], hidden [L_i, H]."""
+    """Whole training sequences for EAGLE: tokens [L_i], the target's choices [L_i], hidden [L_i, H],
+    where each response starts."""
 
     tokens: list[torch.Tensor]
     choice: list[torch.Tensor]
     hidden: list[torch.Tensor]
+    starts: list[int]
 
 
 def eagle_sequences(shards: list[dict[str, torch.Tensor]]) -> Sequences:
-    tokens, choice, hidden = [], [], []
+    tokens, choice, hidden, starts = [], [], [], []
     for shard in shards:
         offsets = shard["offsets"].tolist()
         for i in range(len(offsets) - 1):
             tokens.append(shard["tokens"][offsets[i] : offsets[i + 1]].long())
             choice.append(shard["choice"][offsets[i] : offsets[i + 1]].long())
             hidden.append(shard["hidden"][offsets[i] : offsets[i + 1]])
-    return Sequences(tokens, choice, hidden)
+            starts.append(int(shard["starts"][i]))
+    return Sequences(tokens, choice, hidden, starts)
 
 
 def eagle_batch(data: Sequences, chosen: list[int], window: int, index: torch.Tensor, noise: float,
                 generator: torch.Generator) -> dict[str, torch.Tensor]:
     """Padded inputs for the EAGLE head: input j is (f_j, x_{j+1}); it should predict f_{j+1} and
     the target's own choice after j + 1 (its greedy guess of x_{j+2}). A random window of at most
-    `window` positions per sequence."""
+    `window` positions per sequence. "response" marks inputs whose x_{j+2} is a response token."""
     parts = []
     for i in chosen:
         tokens, choice, hidden = data.tokens[i], data.choice[i], data.hidden[i]
         first = int(torch.randint(len(tokens) - window + 1, (1,), generator=generator)) if len(tokens) > window else 0
         parts.append((tokens[first : first + window], choice[first : first + window],
-                      hidden[first : first + window].float()))
+                      hidden[first : first + window].float(), data.starts[i] - first))
     t = max(len(p[0]) for p in parts) - 1
     b, h = len(parts), parts[0][2].shape[1]
     states, inputs = torch.zeros(b, t, h), torch.zeros(b, t, dtype=torch.long)
     targets, labels = torch.zeros(b, t, h), torch.full((b, t), -1, dtype=torch.long)
-    weight = torch.zeros(b, t, dtype=torch.bool)
-    for row, (tokens, choice, hidden) in enumerate(parts):
+    weight, response = torch.zeros(b, t, dtype=torch.bool), torch.zeros(b, t, dtype=torch.bool)
+    for row, (tokens, choice, hidden, start) in enumerate(parts):
         n = len(tokens) - 1
         states[row, :n], inputs[row, :n], targets[row, :n] = hidden[:-1], tokens[1:], hidden[1:]
         labels[row, :n] = index[choice[1:]]
         weight[row, :n] = True
+        response[row, max(start - 2, 0) : n] = True
     if noise > 0:
         scale = states.pow(2).mean().sqrt() * noise
         states = states + (torch.rand(states.shape, generator=generator) * 2 - 1) * scale
@@ -115,7 +122,7 @@ def eagle_batch(data: Sequences, chosen: list[int], window: int, index: torch.Te
     mask |= torch.eye(t, dtype=torch.bool)[None]  # padded rows see themselves (their loss is masked)
     positions = torch.arange(t)[None].expand(b, t)
     return {"hidden": states, "tokens": inputs, "positions": positions, "mask": mask, "targets": targets,
-            "labels": labels, "weight": weight}
+            "labels": labels, "weight": weight, "response": response}
 
 
 def optimise(model: nn.Module, step_loss: Callable[[torch.Generator], torch.Tensor],
@@ -179,6 +186,7 @@ def train_medusa(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, h
     data.targets = torch.where(data.targets >= 0, index[data.targets.clamp(min=0)], torch.tensor(-2))
     held = held_out(int(data.example.max()) + 1, settings)[data.example]
     train_index, eval_index = (~held).nonzero()[:, 0], held.nonzero()[:, 0]
+    eval_index = eval_index[data.response[eval_index]]  # held-out response positions: what drafting sees
     eval_index = eval_index[torch.randperm(len(eval_index), generator=torch.Generator().manual_seed(0))[:2048]]
     model = MedusaHeads(lm_head, heads, vocab)
 
@@ -213,17 +221,18 @@ def train_eagle(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, em
     eval_batch = eagle_batch(data, eval_ids[:32].tolist(), settings.window, index, 0.0,
                              torch.Generator().manual_seed(0))
 
-    def run(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(batch: dict[str, torch.Tensor], where: str) -> tuple[torch.Tensor, torch.Tensor]:
         predicted = model(batch["hidden"], batch["tokens"], batch["positions"], batch["mask"])[0]
-        return eagle_loss(predicted, batch["targets"], model.logits(predicted), batch["labels"], batch["weight"])
+        return eagle_loss(predicted, batch["targets"], model.logits(predicted), batch["labels"], batch[where],
+                          settings.classification)
 
     def step_loss(generator: torch.Generator) -> torch.Tensor:
         chosen = train_ids[torch.randint(len(train_ids), (settings.sequences,), generator=generator)].tolist()
-        return run(eagle_batch(data, chosen, settings.window, index, settings.noise, generator))[0]
+        return run(eagle_batch(data, chosen, settings.window, index, settings.noise, generator), "weight")[0]
 
     @torch.no_grad()
-    def evaluate() -> torch.Tensor:
-        return run(eval_batch)[1].reshape(1)
+    def evaluate() -> torch.Tensor:  # held-out response positions: what drafting sees
+        return run(eval_batch, "response")[1].reshape(1)
 
     loss, accuracy, step = optimise(model, step_loss, evaluate, folder, settings, "train eagle", progress)
     return save_head(model, folder, "eagle", target_name, {"layer": config.to_dict()}, lm_head, vocab, shards,
