@@ -70,6 +70,29 @@ def test_a_verify_pass_gives_each_token_the_logits_of_one_token_passes(precision
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])
+def test_a_tree_pass_gives_each_node_the_logits_of_one_token_passes_along_its_path(precision):
+    # Nodes whose ancestors sit after their siblings read the keys in the order of their path.
+    from quickdraft.tree import ancestors, pass_layout
+
+    model = tiny_llama(seed=1, max_positions=600, hidden=64)
+    weights = NativeWeights.from_model(model, precision)
+    tokens, parents = [5, 6, 7, 8, 9, 3, 2], [-1, -1, -1, 1, 3, 0, 4]  # a bushy tree, depth 4
+    for prefix in (40, 252):  # 252: paths cross the first attention bucket (256 keys)
+        prompt = [(7 * i) % 32 for i in range(prefix)]
+        tree = NativeRunner(weights)
+        tree.forward(prompt[:-1])
+        mask, offsets = pass_layout(parents, [], None)
+        full = torch.cat([torch.ones(len(tokens) + 1, prefix - 1, dtype=torch.bool), mask], dim=1)
+        rows = tree.forward([prompt[-1], *tokens], positions=[prefix - 1 + o for o in offsets], mask=full)
+        for node in range(len(tokens)):
+            path = [tokens[a] for a in ancestors(node, parents)]
+            one = NativeRunner(weights)
+            one.forward(prompt[:-1])
+            alone = torch.cat([one.forward([t]) for t in [prompt[-1], *path]])
+            assert torch.equal(rows[node + 1], alone[-1]), (prefix, node)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])
 @pytest.mark.parametrize("method", ["draft", "prompt-lookup", "self-spec", "lookahead"])
 def test_greedy_speculation_equals_plain_greedy_at_the_same_precision(tiny_target, tiny_draft, precision, method):
     target = loaded(tiny_target, "t")
