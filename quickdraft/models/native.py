@@ -223,11 +223,16 @@ class NativeRunner:
             attn = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=attention.mask,
                                                   enable_gqa=w.heads != w.kv_heads)[0]  # [H, n, D]
         else:
-            parts = [row_invariant_attention(q[:, g.rows], self._keys[slot, :, : g.length],
-                                             self._values[slot, :, : g.length], g.hidden)
+            parts = [row_invariant_attention(q[:, g.rows], *self._group_keys(slot, g), g.hidden)
                      for g in attention.groups]
             attn = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
         return attn.transpose(0, 1).reshape(n, w.heads * w.head_dim)
+
+    def _group_keys(self, slot: int, group: RowGroup) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values [KV, length, D (+1)] a row group reads."""
+        if group.index is None:
+            return self._keys[slot, :, : group.length], self._values[slot, :, : group.length]
+        return self._keys[slot][:, group.index], self._values[slot][:, group.index]
 
     def truncate(self, length: int) -> None:
         self._length = min(self._length, length)  # rollback is a pointer move
@@ -251,6 +256,7 @@ class RowGroup:
     rows: slice
     length: int  # keys read: a bucket length, the one a one-token pass at these rows' positions reads
     hidden: torch.Tensor  # [length, 1, rows] bool: True where a row may not see a key (attention's layout)
+    index: torch.Tensor | None = None  # [length] cache slots to read, in order (None: slots 0..length-1)
 
 
 @dataclass
@@ -273,19 +279,34 @@ def attention_bucket(needed: int, max_length: int) -> int:
 
 def row_groups(start: int, n: int, mask: torch.Tensor | None, max_length: int) -> list[RowGroup]:
     """Split a pass's rows (cache indices start..start+n-1) by the bucket each row's own
-    one-token pass would read; usually one group. mask [n, start + n] or None (all visible)."""
+    one-token pass would read; usually one group. mask [n, start + n] or None (all visible).
+
+    A row that sees a contiguous prefix of the cache (chains) reads the cache as it is. A tree
+    node sees the prefix and its ancestors, which sit after their siblings: it gets a group of
+    its own that reads exactly those keys, in order, from the start (then its bucket's masked
+    padding), the layout a one-token pass gives the same token once its path is kept, so the
+    matmuls sum the same terms in the same blocks over the same number of keys."""
     groups, first = [], 0
+    seen = [None if mask is None else mask[i].nonzero()[:, 0] for i in range(n)]  # visible slots per row
+    contiguous = [s is None or (len(s) == start + i + 1 and int(s[-1]) == start + i) for i, s in enumerate(seen)]
     buckets = [attention_bucket(start + i + 1, max_length) for i in range(n)]
     for i in range(1, n + 1):
-        if i == n or buckets[i] != buckets[first]:
-            length = buckets[first]
-            visible = torch.zeros(i - first, length, dtype=torch.bool)
-            if mask is None:
-                visible[:, : start + n] = True
+        if i == n or buckets[i] != buckets[first] or not contiguous[i] or not contiguous[first]:
+            if not contiguous[first]:  # one tree row: its own keys, gathered in order
+                visible = seen[first]
+                length = attention_bucket(len(visible), max_length)
+                index = torch.cat([visible, visible.new_zeros(length - len(visible))])  # padding: masked
+                hidden = torch.arange(length) >= len(visible)
+                groups.append(RowGroup(slice(first, i), length, hidden[:, None, None], index))
             else:
-                seen = min(length, start + n)
-                visible[:, :seen] = mask[first:i, :seen]
-            groups.append(RowGroup(slice(first, i), length, ~visible.T[:, None, :]))
+                length = buckets[first]
+                visible = torch.zeros(i - first, length, dtype=torch.bool)
+                if mask is None:
+                    visible[:, : start + n] = True
+                else:
+                    cut = min(length, start + n)
+                    visible[:, :cut] = mask[first:i, :cut]
+                groups.append(RowGroup(slice(first, i), length, ~visible.T[:, None, :]))
             first = i
     return groups
 
