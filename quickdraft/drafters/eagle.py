@@ -23,7 +23,7 @@ from quickdraft.tree import ancestors
 class EagleDrafter:
     needs_hidden = True
 
-    def __init__(self, head: EagleHead, top_k: int = 4, nodes: int = 16, tree: str = "dynamic") -> None:
+    def __init__(self, head: EagleHead, top_k: int = 4, nodes: int = 4, tree: str = "dynamic") -> None:
         self.head = head
         self.top_k, self.nodes, self.tree = top_k, nodes, tree
         TreeShape(1, top_k, nodes, tree)  # refuse bad settings now, not at the first step

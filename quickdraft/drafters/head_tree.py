@@ -32,7 +32,7 @@ class TreeShape:
 
     depth: int
     top_k: int = 4
-    nodes: int = 16
+    nodes: int = 4
     kind: str = "dynamic"
 
     def __post_init__(self) -> None:

@@ -19,7 +19,7 @@ class MedusaDrafter:
 
     needs_hidden = True
 
-    def __init__(self, heads: MedusaHeads, top_k: int = 4, nodes: int = 16, tree: str = "dynamic") -> None:
+    def __init__(self, heads: MedusaHeads, top_k: int = 4, nodes: int = 4, tree: str = "dynamic") -> None:
         self.heads = heads
         self.top_k, self.nodes, self.tree = top_k, nodes, tree
         TreeShape(1, top_k, nodes, tree)  # refuse bad settings now, not at the first step
