@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 
 import quickdraft
-from quickdraft.models.native import rms_norm, rotate
-from quickdraft.models.select import make_runner
+from quickdraft.backends.select import make_backend
+from quickdraft.models.native import rms_norm
+from quickdraft.models.rotary import rotate
 
 CONTEXT, BUCKET, BLOCK = 100, 256, 16
 
@@ -45,7 +46,7 @@ def main() -> None:
         inductor_config.cpp_wrapper = True
     torch.set_num_threads(2)
     decoder = quickdraft.load(method="none")
-    w = make_runner(decoder.target, "native", precision="int4").weights
+    w = make_backend(decoder.target, "native", precision="int4").weights
     heads, kv_heads, dim, group = w.heads, w.kv_heads, w.head_dim, w.heads // w.kv_heads
     keys = torch.zeros(len(w.layers), kv_heads, BUCKET, dim)  # [layers, KV, L, D]
     values = torch.ones(len(w.layers), kv_heads, BUCKET, dim + 1)

@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 
 import quickdraft
+from quickdraft.backends.base import SeqPass
+from quickdraft.drafters.base import DraftRequest, StepOutcome
 from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.medusa import MedusaDrafter
 from quickdraft.heads.inference import for_drafting
@@ -52,29 +54,28 @@ def main() -> None:
     for _ in generation:
         pass
     tokens = generation.tokens  # ~110 tokens of real context
-    runner = decoder._target_runner
-    runner.reset()
-    runner.forward(tokens[:-1], all_logits=False)
-    hidden = runner.hidden  # [n, H]
+    backend = decoder.target_backend
+    cache = backend.new_cache()
+    hidden = backend.forward([SeqPass(cache, tokens[:-1], logits="none", hidden=True)])[0].hidden  # [n, H]
     params, generator = SamplingParams(), torch.Generator()
     results: dict = {"date": str(date.today()), "machine": platform.processor() or platform.machine(),
                      "threads": torch.get_num_threads(), "context": len(tokens), "draft": {}, "target_pass": {}}
 
-    for kind, make in (("eagle", EagleDrafter), ("medusa", MedusaDrafter)):
+    for kind in ("eagle", "medusa"):
         for full in (False, True):
             for quantized in (False, True):
                 head = load_head(kind, target, None, full_vocab=full)
                 head = for_drafting(head) if quantized else head.eval()
-                drafter = make(head, 4, 16)
+                drafter = (EagleDrafter(head, backend.max_length, 4, 16) if kind == "eagle"
+                           else MedusaDrafter(head, 4, 16))
                 depth = 5 if kind == "eagle" else 3
 
-                drafter.begin(tokens)
-                drafter.observe_hidden(hidden[:-4])  # the prompt's states (the cost counts, not the pairing)
-                drafter.propose(tokens, depth, params, generator)
+                state = drafter.begin(tokens, hidden[:-4])  # the prompt's states (the cost counts, not the pairing)
+                drafter.propose([DraftRequest(state, tokens, depth, params, generator)])
 
                 def propose() -> None:  # one step: the states of a pass that accepted 3 drafts, then a tree
-                    drafter.observe_hidden(hidden[-4:])
-                    drafter.propose(tokens, depth, params, generator)
+                    drafter.update(state, StepOutcome(tokens, (0, 1, 2), hidden[-4:]))
+                    drafter.propose([DraftRequest(state, tokens, depth, params, generator)])
 
                 name = f"{kind} {'full vocabulary' if full else 'draft vocabulary'} {'int8' if quantized else 'fp32'}"
                 results["draft"][name] = median_ms(propose, args.repeats)
@@ -82,10 +83,11 @@ def main() -> None:
 
     for rows in (1, 4, 8, 12, 16, 24, 32):
         def target_pass() -> None:
-            runner.forward(tokens[-rows:], positions=list(range(len(tokens) - 1, len(tokens) - 1 + rows)))
-            runner.truncate(len(tokens) - 1)
+            positions = list(range(len(tokens) - 1, len(tokens) - 1 + rows))
+            backend.forward([SeqPass(cache, tokens[-rows:], positions)])
+            cache.truncate(len(tokens) - 1)
 
-        runner.truncate(len(tokens) - 1)
+        cache.truncate(len(tokens) - 1)
         results["target_pass"][rows] = median_ms(target_pass, args.repeats)
         print("target pass rows", rows, results["target_pass"][rows], flush=True)
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,13 @@
-"""Server load: requests/s and tokens/s at several concurrencies, speculation on and off.
+"""Server load: requests/s and tokens/s at several concurrencies, speculation on and off, and
+one client through the server against the library on the same requests.
 
-Starts `quickdraft serve`'s app in this process on a free port (the embedded default target),
-then for each method and concurrency C runs C client workers, each sending its share of the
-requests one after another as streaming chat completions (greedy) through the official
-openai client. Prompts: Spec-Bench questions taken from each category in turn. Figures are over
-the whole wall time of each (method, C) run.
+Starts `quickdraft serve` in its own process on a free port (the embedded default target), as
+users run it; then for each method and concurrency C runs C client workers in this process,
+each sending its share of the requests one after another as streaming chat completions
+(greedy) through the official openai client. Right before each method's one-client run, this
+process decodes the same requests with the library (`Decoder.generate`, one at a time), so
+the single-client ratio compares runs made back to back. Prompts: Spec-Bench questions taken
+from each category in turn. Figures are over the whole wall time of each run.
 
     python benchmarks/serve_bench.py --output bench-out/serve
 """
@@ -15,19 +18,21 @@ import argparse
 import asyncio
 import itertools
 import json
+import socket
 import statistics
+import subprocess
+import sys
 import time
 from datetime import date
 from pathlib import Path
 
+import httpx
 import openai
 from tqdm import tqdm
 
 import quickdraft
 from quickdraft.bench.prompts import default_prompt_file, load_prompts
 from quickdraft.bench.report import machine
-from quickdraft.serve import create_app
-from quickdraft.serve.background import BackgroundServer
 
 
 async def run_load(url: str, model: str, prompts: list[str], concurrency: int, method: str,
@@ -62,6 +67,39 @@ async def run_load(url: str, model: str, prompts: list[str], concurrency: int, m
             "median_first_token": statistics.median(first_tokens)}
 
 
+def run_library(decoder, prompts: list[str], method: str, max_tokens: int) -> dict:
+    """The same requests through the library, one after another: tokens over the whole wall time."""
+    method_decoder = decoder.with_method(method)
+    start, tokens = time.perf_counter(), 0
+    for prompt in prompts:
+        out = method_decoder.generate(prompt, max_new_tokens=max_tokens, temperature=0.0)
+        tokens += len(out.token_ids)
+    wall = time.perf_counter() - start
+    return {"requests": len(prompts), "tokens": tokens, "seconds": wall, "tokens_per_second": tokens / wall}
+
+
+def start_server(precision: str, max_batch: int, max_tokens: int) -> tuple[subprocess.Popen, str]:
+    """`quickdraft serve` in its own process on a free port; returns it once /health answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "quickdraft.cli", "serve", "--port", str(port), "--precision", precision,
+               "--max-batch", str(max_batch), "--max-tokens-limit", str(max_tokens)]
+    process = subprocess.Popen(command)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"quickdraft serve exited with {process.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    process.terminate()
+    raise RuntimeError("quickdraft serve did not start")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
@@ -79,18 +117,22 @@ def main() -> None:
         by_category.setdefault(prompt.category, []).append(prompt.text)
     rounds = itertools.zip_longest(*by_category.values())  # every category in turn
     prompts = [text for round_ in rounds for text in round_ if text is not None][: args.requests]
-    server = BackgroundServer(create_app(decoder, max_batch=max(args.concurrency), max_queue=64,
-                                         max_tokens_limit=args.max_tokens))
+    process, url = start_server(args.precision, max(args.concurrency), args.max_tokens)
     model = decoder.target.name
+    library = {}
     try:
-        asyncio.run(run_load(server.url, model, prompts[:2], 2, "none", min(8, args.max_tokens)))  # warm-up
+        asyncio.run(run_load(url, model, prompts[:2], 2, "none", min(8, args.max_tokens)))  # warm-up
+        run_library(decoder, prompts[:2], "none", min(8, args.max_tokens))
         results = {}
         cases = [(c, m) for c in args.concurrency for m in args.methods]
         for concurrency, method in tqdm(cases, desc="load", unit="run"):
+            if concurrency == 1:  # the library on the same requests, right before the server
+                library[method] = run_library(decoder, prompts, method, args.max_tokens)
             results[(method, concurrency)] = asyncio.run(
-                run_load(server.url, model, prompts, concurrency, method, args.max_tokens))
+                run_load(url, model, prompts, concurrency, method, args.max_tokens))
     finally:
-        server.stop()
+        process.terminate()
+        process.wait(60)
 
     lines = [f"Target: {model} ({args.precision}); {len(prompts)} streaming chat requests per run (greedy, "
              f"max_tokens {args.max_tokens}, prompts from {source or 'the built-in set'}); max batch "
@@ -104,11 +146,19 @@ def main() -> None:
             ratio = f"{r['tokens_per_second'] / base['tokens_per_second']:.2f}x" if base else ""
             lines.append(f"| {concurrency} | {method} | {r['requests_per_second']:.2f} | {r['tokens_per_second']:.1f} "
                          f"| {r['median_latency']:.2f} | {r['median_first_token']:.2f} | {ratio} |")
+    if library:
+        lines += ["", "One client through the server against the library, the same requests back to back:", "",
+                  "| method | library tokens/s | server tokens/s (1 client) | server / library |", "|---|---|---|---|"]
+        for method, lib in library.items():
+            served = results[(method, 1)]["tokens_per_second"]
+            lines.append(f"| {method} | {lib['tokens_per_second']:.1f} | {served:.1f} | "
+                         f"{served / lib['tokens_per_second']:.2f}x |")
     report = "\n".join(lines)
     print(report)
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "report.md").write_text(report + "\n")
-    (args.output / "raw.json").write_text(json.dumps({f"{m}|{c}": r for (m, c), r in results.items()}, indent=1))
+    raw = {f"{m}|{c}": r for (m, c), r in results.items()} | {f"library|{m}": r for m, r in library.items()}
+    (args.output / "raw.json").write_text(json.dumps(raw, indent=1))
 
 
 if __name__ == "__main__":

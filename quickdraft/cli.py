@@ -8,57 +8,29 @@ import sys
 from pathlib import Path
 
 from quickdraft.analysis import best_k, expected_tokens_per_pass, predicted_speedup, time_per_token
-from quickdraft.draft_length import DRAFT_LENGTHS
 from quickdraft.errors import QuickdraftError
 from quickdraft.methods import METHODS
-from quickdraft.models.precision import PRECISIONS
+from quickdraft.options import OPTIONS
 
 DEMO_PROMPT = "Write a Python function that checks whether a number is prime."
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="quickdraft", description="Lossless speculative decoding.")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = OneLineParser(prog="quickdraft", description="Lossless speculative decoding.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     gen = commands.add_parser("generate", help="generate text from a prompt")
     gen.add_argument("prompt", nargs="?", help="the prompt (default: standard input, else a demo prompt)")
     gen.add_argument("--target", help="hub id, folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
     gen.add_argument("--draft", help="draft model: hub id, folder or .gguf file")
-    gen.add_argument("--method", choices=list(METHODS), help="drafting method (default: the fastest available)")
-    gen.add_argument("--k", type=int, help="draft tokens per step (default depends on the method)")
+    gen.add_argument("--method", help="drafting method, or a METHOD:key=value,... spec (methods: "
+                     f"{', '.join(METHODS)}); default: the fastest available")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     gen.add_argument("--top-k", type=int)
     gen.add_argument("--top-p", type=float)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
-    gen.add_argument("--max-ngram", type=int, default=3, help="prompt lookup: longest n-gram to match")
-    gen.add_argument("--min-ngram", type=int, default=2, help="prompt lookup: shortest n-gram to match")
-    gen.add_argument("--layers", type=parse_layers,
-                     help="self-spec: L (first L layers), a comma list of layers to keep, or auto (calibrate)")
-    gen.add_argument("--window", type=int, default=4, help="lookahead: Jacobi window width W")
-    gen.add_argument("--ngram", type=int, default=3, help="lookahead: n-gram size N")
-    gen.add_argument("--candidates", type=int, default=4, help="lookahead: n-grams verified per pass G")
-    gen.add_argument("--head", help="eagle/medusa: folder of a trained head (default: the one shipped for the "
-                                    "embedded target)")
-    gen.add_argument("--tree-top-k", type=int, default=4,
-                     help="eagle/medusa: children per expanded node and nodes expanded per tree level")
-    gen.add_argument("--tree-nodes", type=int, default=4, help="eagle/medusa: draft tokens verified per pass")
-    gen.add_argument("--tree", choices=["dynamic", "static"], default="dynamic",
-                     help="eagle/medusa: dynamic (EAGLE-2: the most confident paths) or static (fixed shape)")
-    gen.add_argument("--full-vocab", action="store_true",
-                     help="eagle/medusa: draft over the whole vocabulary, not the head's most frequent tokens")
-    gen.add_argument("--draft-length", choices=list(DRAFT_LENGTHS),
-                     help="fixed K; adaptive (grow after full accepts, shrink after rejections); "
-                          "cost (K that maximises expected tokens/s from measured times); "
-                          "default: cost for prompt-lookup, else fixed")
-    gen.add_argument("--k-max", type=int, default=16, help="upper bound on K for adaptive and cost")
-    gen.add_argument("--confidence", type=float,
-                     help="draft model: stop drafting when its top probability falls below this")
-    gen.add_argument("--runner", choices=["auto", "native", "hf"], default="auto",
-                     help="native (Llama, Mistral, Qwen2) or transformers; auto picks native when supported")
-    gen.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
-                     help="native runner: fp32, bf16 (weights and activations), int8 (per-channel weights) "
-                          "or int4 (groups of 32; a GGUF's own 4-bit blocks); int8/int4 compute in bf16")
+    add_option_flags(gen)
     gen.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                      help="apply the chat template (default: when the model has one)")
@@ -85,24 +57,22 @@ def build_parser() -> argparse.ArgumentParser:
                             "target is a GGUF file)")
     bench.add_argument("--no-peers", action="store_true", help="leave out every peer")
     bench.add_argument("--quick", action="store_true", help="1 prompt per category, 48 tokens: a few minutes")
-    bench.add_argument("--runner", choices=["auto", "native", "hf"], default="auto")
-    bench.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
+    add_option_flags(bench, model_only=True)
     bench.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     bench.add_argument("--output", type=Path, default=Path("bench-out/bench"), help="folder for the outputs")
 
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server with batched speculation")
     serve.add_argument("--target", help="hub id, folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
     serve.add_argument("--draft", help="draft model: hub id, folder or .gguf file")
-    serve.add_argument("--method", choices=list(METHODS), help="default drafting method (requests may choose)")
-    serve.add_argument("--k", type=int, help="default draft tokens per step")
+    serve.add_argument("--method", help="default drafting method or METHOD:key=value,... spec (requests may "
+                       "choose their own)")
     serve.add_argument("--model-name", help="the model id clients send (default: the target's name)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
     serve.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those (then 429)")
     serve.add_argument("--max-tokens-limit", type=int, default=2048, help="the largest max_tokens accepted")
-    serve.add_argument("--runner", choices=["auto", "native", "hf"], default="auto")
-    serve.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
+    add_option_flags(serve)
     serve.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
 
     train = commands.add_parser("train", help="train a draft head (EAGLE or Medusa) on the target's hidden states")
@@ -142,18 +112,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_layers(text: str) -> int | list[int] | str:
-    """'8' -> 8 (first 8 layers); '0,1,2,5' -> [0, 1, 2, 5]; 'auto' -> calibrate."""
-    if text == "auto":
-        return text
-    try:
-        return [int(part) for part in text.split(",")] if "," in text else int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected L, a comma list of layers, or auto; got {text!r}") from None
+def add_option_flags(parser: argparse.ArgumentParser, model_only: bool = False) -> None:
+    """A flag for every declared option (quickdraft.options.OPTIONS): its help, its checks; default
+    None, so only the flags a user gives reach the decoder and the declared defaults apply."""
+    for option in OPTIONS:
+        if model_only and not option.model:
+            continue
+        default = f" (default: {option.default})" if option.default is not None else ""
+        if option.kind is bool:
+            parser.add_argument(option.flag, dest=option.name, action="store_const", const=True,
+                                help=option.help + default)
+            continue
+        metavar = "{" + ",".join(option.choices) + "}" if option.choices else option.name.upper()
+        parser.add_argument(option.flag, dest=option.name, type=_flag_parser(option), metavar=metavar,
+                            help=option.help + default)
+
+
+def _flag_parser(option):
+    def parse(text: str):
+        try:
+            return option.parse(text)
+        except QuickdraftError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    return parse
+
+
+def given_options(args: argparse.Namespace) -> dict:
+    """The declared options the user set on the command line."""
+    return {o.name: getattr(args, o.name) for o in OPTIONS if getattr(args, o.name, None) is not None}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors in one line, like every other quickdraft error (`--help` still shows the usage)."""
+
+    def error(self, message: str) -> None:
+        print(f"quickdraft: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # --help (0) or a usage error (2, already printed)
+        return int(exit_.code or 0)
     try:
         if args.command == "analyze":
             return _analyze(args)
@@ -218,7 +219,7 @@ def _bench(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise QuickdraftError(f"{flag} must be >= 1, got {value}")
     BenchSettings(1, args.temperature, args.repeats).check()  # before loading anything
-    decoder = quickdraft.load(args.target, args.draft, "none", runner=args.runner, precision=args.precision)
+    decoder = quickdraft.load(args.target, args.draft, "none", **given_options(args))
     paths = bench(decoder, args.methods, args.output, args.data, args.categories, args.per_category,
                   args.max_new_tokens, args.temperature, args.repeats,
                   peers=() if args.no_peers else tuple(args.peers), quick=args.quick)
@@ -239,8 +240,7 @@ def _serve(args: argparse.Namespace) -> int:
                         ("--max-tokens-limit", args.max_tokens_limit)):
         if value < 1:
             raise QuickdraftError(f"{flag} must be >= 1, got {value}")
-    decoder = quickdraft.load(args.target, args.draft, args.method, args.k, runner=args.runner,
-                              precision=args.precision)
+    decoder = quickdraft.load(args.target, args.draft, args.method, **given_options(args))
     app = create_app(decoder, args.model_name, args.max_batch, args.max_queue, args.max_tokens_limit)
     print(f"quickdraft: serving {args.model_name or decoder.target.name} ({decoder.method}, k={decoder.k}) "
           f"on http://{args.host}:{args.port}/v1", file=sys.stderr)
@@ -253,39 +253,25 @@ def _generate(args: argparse.Namespace) -> int:
 
     prompt = _read_prompt(args)
     _set_threads(args.threads)
-    decoder = quickdraft.load(args.target, args.draft, args.method, args.k,
-                              max_ngram=args.max_ngram, min_ngram=args.min_ngram,
-                              draft_length=args.draft_length, k_max=args.k_max, confidence=args.confidence,
-                              window=args.window, ngram=args.ngram, candidates=args.candidates,
-                              head=args.head, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
-                              tree=args.tree, full_vocab=args.full_vocab,
-                              runner=args.runner, precision=args.precision,
-                              **({"layers": args.layers} if args.layers is not None else {}))
-    options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                   seed=args.seed, stop=args.stop, chat=args.chat)
-    generation = decoder.start(prompt, args.max_new_tokens, **options)
-    printed = ""
+    decoder = quickdraft.load(args.target, args.draft, args.method, **given_options(args))
+    generation = decoder.start(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                               top_p=args.top_p, seed=args.seed, stop=args.stop, chat=args.chat, text=True)
+    streaming = not args.json and not args.verbose
     for step in generation:
         if args.verbose and not args.json:
             print(describe_step(decoder, step), flush=True)
-        elif not args.json:
-            # Stream: print whatever text the new tokens completed (stop strings are cut at the end).
-            text = decoder.decode(generation.new_tokens)
-            if text.startswith(printed) and not args.stop:
-                print(text[len(printed):], end="", flush=True)
-                printed = text
-    out = decoder.finish(generation, args.stop)
+        elif streaming:  # the text that is final (a stop string can no longer claim it)
+            print(generation.text.delta(), end="", flush=True)
+    out = decoder.finish(generation)
     if args.json:
         print(json.dumps(out.to_dict() | {"method": decoder.method, "k": decoder.k}))
         return 0
-    if args.verbose or args.stop or out.text != printed:
-        print(out.text[len(printed):] if out.text.startswith(printed) else "\n" + out.text, end="")
-    print()
+    print(generation.text.delta() if streaming else out.text)  # the rest, or all of it after the step lines
     print(f"[{decoder.method}, k={decoder.k}, {decoder.draft_length} K, {decoder.precision}] {out.stats.summary()}",
           file=sys.stderr)
     if decoder.calibration:
         speeds = ", ".join(f"{depth} layers {speed:.1f} tok/s" for depth, speed in decoder.calibration.items())
-        print(f"self-spec calibration: {speeds}; chose {decoder.options.layers}", file=sys.stderr)
+        print(f"self-spec calibration: {speeds}; chose {decoder.config.layers}", file=sys.stderr)
     if args.verbose and out.stats.drafted_tokens and not METHODS[decoder.method].drafts_trees:
         print(predicted_line(out.stats), file=sys.stderr)
     return 0

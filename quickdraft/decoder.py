@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from quickdraft.backends.select import check_precision, default_precision, make_backend, resolve_device
 from quickdraft.calibrate import calibrate_self_spec
-from quickdraft.draft_length import make_draft_length
-from quickdraft.engine import Generation, StopCheck
+from quickdraft.draft_length import PassCosts, make_draft_length
+from quickdraft.engine import Generation, prefill, step
 from quickdraft.errors import QuickdraftError
-from quickdraft.methods import DrafterOptions, default_method, get_method
-from quickdraft.models.select import check_precision, check_runner_kind, make_runner
+from quickdraft.methods import MethodConfig, Parts, configure
 from quickdraft.models.loading import LoadedModel, ModelSource, check_same_vocabulary, load_model
+from quickdraft.options import MODEL_OPTIONS
 from quickdraft.sampling import SamplingParams
 from quickdraft.stats import Stats, StepRecord
+from quickdraft.text import TextStream
 
 Prompt = str | list[int]
 
@@ -47,7 +50,9 @@ class GenerationOutput:
 
 
 class Decoder:
-    """A target model, a drafting method and K; generate() decodes one prompt at a time."""
+    """A target model and a drafting method with its settings. Cheap to make: the backends and
+    heads it uses are built once per loaded model and shared by every decoder over it, and each
+    generation owns only its caches, so many generations (of any decoders) can step together."""
 
     def __init__(
         self,
@@ -56,59 +61,65 @@ class Decoder:
         method: str | None = None,
         k: int | None = None,
         *,
-        draft_length: str | None = None,
-        k_max: int = 16,
-        runner: str = "auto",
-        precision: str = "fp32",
-        **drafter_options,
+        cache_dir: str | os.PathLike | None = None,
+        measure_shapes: bool = True,
+        **options: Any,
     ) -> None:
-        """runner: "auto" (native for Llama-family models, else transformers), "native" or "hf".
-        drafter_options: the fields of DrafterOptions (max_ngram, min_ngram, confidence, layers, ...)."""
-        self.target = target
-        self.draft = draft
-        self.method = method or default_method(draft is not None)
-        spec = get_method(self.method)
-        self.k = spec.default_k if k is None else k
-        if spec.speculative and self.k < 1:
-            raise QuickdraftError(f"k (draft tokens per step) must be >= 1, got {self.k}")
-        if not spec.speculative:
-            self.k = 0
-        if spec.needs_draft_model and draft is None:
-            raise QuickdraftError(f'method "{self.method}" needs a draft model (pass draft=... or --draft)')
-        self._draft_length_choice = draft_length  # None: each method's own default
-        draft_length = draft_length or spec.default_draft_length
-        make_draft_length(draft_length, max(self.k, 1), k_max)  # fail early on a bad name
-        check_runner_kind(runner)
-        check_precision(precision, runner)
-        self.draft_length, self.k_max, self.runner, self.precision = draft_length, k_max, runner, precision
-        self.options = make_drafter_options(drafter_options)
+        """method: a name in METHODS or a METHOD:key=value spec (default: "draft" with a draft model,
+        else "prompt-lookup"). options: any of quickdraft.options.OPTIONS (precision, backend,
+        device, max_ngram, tree_nodes, ...), checked once here. measure_shapes: time this machine's
+        fastest pass shapes at load (once, cached) and use them."""
+        self.target, self.draft = target, draft
+        self.config: MethodConfig = configure(method, draft is not None, k=k, **options)
+        config = self.config
+        self.device = resolve_device(config.device)
+        self.precision = config.precision or default_precision(self.device)
+        self.backend_kind = config.backend
+        check_precision(self.precision, self.backend_kind)
+        self._cache_dir, self._measure = cache_dir, measure_shapes
 
-        def runner_for(loaded: LoadedModel, layers: list[int] | None = None):
-            return make_runner(loaded, runner, layers, precision)
+        def backend_for(loaded: LoadedModel, layers: list[int] | None = None):
+            return make_backend(loaded, self.backend_kind, self.precision, str(self.device), layers, measure_shapes,
+                                cache_dir)
 
-        self._target_runner = make_runner(target, runner, None, precision, keep_hidden=spec.needs_hidden)
-        self._drafter = spec.build(target, draft, self.options, runner_for)
-        self.eos_ids = _eos_ids(target)
+        self.target_backend = backend_for(target)
+        self.drafter = config.spec.build(Parts(target, draft, self.target_backend, backend_for), config)
+        self.eos_ids = self.target_backend.eos_ids
+        self.pass_costs = PassCosts()  # what this decoder's passes cost: shared by its generations' cost models
         self.calibration: dict[int, float] | None = None  # self-spec depth -> tok/s, when calibrated
+
+    @property
+    def method(self) -> str:
+        return self.config.method
+
+    @property
+    def k(self) -> int:
+        return self.config.k
+
+    @property
+    def draft_length(self) -> str:
+        return self.config.draft_length
 
     @property
     def context_length(self) -> int:
         """The most tokens (prompt + new) one sequence may hold."""
-        return self._target_runner.max_length
+        return self.target_backend.max_length
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase | None:
         return self.target.tokenizer
 
-    def with_method(self, method: str, k: int | None = None, **options) -> Decoder:
-        """Another decoder over the same loaded models (no reload), e.g. a baseline.
-
-        options: draft_length, k_max and DrafterOptions fields (default: this decoder's).
-        """
-        settings = (dict(draft_length=self._draft_length_choice, k_max=self.k_max, runner=self.runner,
-                         precision=self.precision)
-                    | asdict(self.options) | options)
-        return Decoder(self.target, self.draft, method, k, **settings)
+    def with_method(self, method: str | None = None, k: int | None = None, **options: Any) -> Decoder:
+        """Another decoder over the same loaded models, backends and heads (nothing reloads), e.g. a
+        baseline. It keeps this decoder's backend, precision and device, and (for the same method)
+        its other settings, unless `options` change them."""
+        same = method is None or method == self.method
+        kept = {name: value for name, value in self.config.given if same or name in MODEL_OPTIONS}
+        kept["precision"] = self.precision
+        if k is not None:
+            kept.pop("k", None)
+        return Decoder(self.target, self.draft, method or self.method, k, cache_dir=self._cache_dir,
+                       measure_shapes=self._measure, **(kept | options))
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Prompt text or ids -> ids. Text gets the chat template when the model has one (chat=None)."""
@@ -118,14 +129,12 @@ class Decoder:
             tokenizer = self._require_tokenizer()
             use_chat = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
             if use_chat:
-                if not getattr(tokenizer, "chat_template", None):
-                    raise QuickdraftError(f"model {self.target.name!r} has no chat template")
                 return self.encode_chat([{"role": "user", "content": prompt}])
             return list(tokenizer(prompt)["input_ids"])
         ids = [int(token) for token in prompt]
         if not ids:
             raise QuickdraftError("the prompt is empty")
-        vocab = self._target_runner.vocab_size
+        vocab = self.target_backend.vocab_size
         bad = [token for token in ids if not 0 <= token < vocab]
         if bad:
             raise QuickdraftError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
@@ -144,7 +153,7 @@ class Decoder:
             raise QuickdraftError(f"the chat template rejected the messages: {error}") from error
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def start(
+    def prepare(
         self,
         prompt: Prompt,
         max_new_tokens: int = 128,
@@ -154,8 +163,10 @@ class Decoder:
         seed: int = 0,
         stop: list[str] | str | None = None,
         chat: bool | None = None,
+        text: bool = False,
     ) -> Generation:
-        """Prefill a prompt and return the Generation; step it yourself to stream."""
+        """A checked Generation, not prefilled yet (engine.prefill does several at once).
+        text: keep a TextStream (generation.text) even without stop strings, to stream text."""
         sampling = SamplingParams(temperature, top_k, top_p)
         if max_new_tokens < 1:
             raise QuickdraftError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -166,37 +177,45 @@ class Decoder:
                 f"prompt ({len(prompt_ids)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds "
                 f"the context length of {self.target.name!r} ({limit} tokens)"
             )
-        generator = torch.Generator().manual_seed(seed)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        stream = TextStream(self.decode, stops) if stops or text else None  # refuses empty stop strings
+        if stops:
+            self._require_tokenizer()
+        k = self.k
         return Generation(
-            self._target_runner,
-            self._drafter,
+            self.target_backend,
+            self.drafter,
             prompt_ids,
-            draft_length=make_draft_length(self.draft_length if self.k else "fixed", self.k, self.k_max),
+            draft_length=make_draft_length(self.draft_length if k else "fixed", k, self.config.k_max,
+                                           self.pass_costs),
             max_new_tokens=max_new_tokens,
             sampling=sampling,
-            generator=generator,
+            generator=torch.Generator().manual_seed(seed),
             eos_ids=self.eos_ids,
-            stop_check=self._stop_check(stop),
+            text=stream,
         )
 
-    def generate(self, prompt: Prompt, max_new_tokens: int = 128, **options) -> GenerationOutput:
+    def start(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> Generation:
+        """Prefill a prompt and return the Generation; step it yourself to stream (options as generate's)."""
+        generation = self.prepare(prompt, max_new_tokens, **options)
+        prefill([generation])
+        return generation
+
+    def generate(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> GenerationOutput:
         """Decode `prompt` (text or token ids). Options: temperature, top_k, top_p, seed, stop, chat."""
         generation = self.start(prompt, max_new_tokens, **options)
-        for _ in generation:
-            pass
-        return self.finish(generation, options.get("stop"))
+        while not generation.done:
+            step([generation])
+        return self.finish(generation)
 
-    def stream(self, prompt: Prompt, max_new_tokens: int = 128, **options) -> Iterator[StepRecord]:
+    def stream(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> Iterator[StepRecord]:
         """Yield each step's record as it is decoded."""
         yield from self.start(prompt, max_new_tokens, **options)
 
-    def finish(self, generation: Generation, stop: list[str] | str | None = None) -> GenerationOutput:
-        """Package a finished Generation: decode the text and cut it before a stop string."""
+    def finish(self, generation: Generation) -> GenerationOutput:
+        """Package a finished Generation: its text ends before a stop string."""
         new_ids = generation.new_tokens
-        text = self.decode(new_ids)
-        for stop_string in _as_list(stop):
-            if stop_string in text:
-                text = text[: text.index(stop_string)]
+        text = generation.text.finish() if generation.text is not None else self.decode(new_ids)
         return GenerationOutput(text, new_ids, generation.tokens[: generation.prompt_length],
                                 generation.stats, generation.steps)
 
@@ -205,63 +224,12 @@ class Decoder:
             return ""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def _stop_check(self, stop: list[str] | str | None) -> StopCheck | None:
-        stops = _as_list(stop)
-        if not stops:
-            return None
-        if any(not s for s in stops):
-            raise QuickdraftError("stop strings must not be empty")
-        self._require_tokenizer()
-        longest = max(len(s) for s in stops)
-
-        def check(new_ids: list[int]) -> bool:
-            # A stop string ends in the newest token, so decoding a short tail suffices.
-            tail = self.decode(new_ids[-(longest + 8) :])
-            return any(s in tail for s in stops)
-
-        return check
-
     def _require_tokenizer(self) -> PreTrainedTokenizerBase:
         if self.tokenizer is None:
             raise QuickdraftError(
                 f"model {self.target.name!r} has no tokenizer: pass token ids, or tokenizer=..."
             )
         return self.tokenizer
-
-
-def make_drafter_options(settings: dict) -> DrafterOptions:
-    """Validate the user's drafter settings."""
-    known = {f.name for f in fields(DrafterOptions)}
-    unknown = sorted(set(settings) - known)
-    if unknown:
-        raise QuickdraftError(f"unknown option {unknown[0]!r}; drafter options are: {', '.join(sorted(known))}")
-    confidence = settings.get("confidence")
-    if confidence is not None and not 0.0 < confidence < 1.0:
-        raise QuickdraftError(f"confidence must be in (0, 1), got {confidence}")
-    if isinstance(settings.get("layers"), list):
-        settings = settings | {"layers": tuple(settings["layers"])}
-    return DrafterOptions(**settings)
-
-
-def _as_list(stop: list[str] | str | None) -> list[str]:
-    if stop is None:
-        return []
-    return [stop] if isinstance(stop, str) else list(stop)
-
-
-def _eos_ids(target: LoadedModel) -> frozenset[int]:
-    """Every id that ends generation: from the config, the generation config and the tokenizer."""
-    ids: set[int] = set()
-    sources = [target.model.config, getattr(target.model, "generation_config", None)]
-    for source in sources:
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(value, int):
-            ids.add(value)
-        elif value:
-            ids.update(int(v) for v in value)
-    if target.tokenizer is not None and target.tokenizer.eos_token_id is not None:
-        ids.add(int(target.tokenizer.eos_token_id))
-    return frozenset(ids)
 
 
 def load(
@@ -274,41 +242,29 @@ def load(
     draft_tokenizer: PreTrainedTokenizerBase | None = None,
     cache_dir: str | os.PathLike | None = None,
     dtype: torch.dtype = torch.float32,
-    draft_length: str | None = None,
-    k_max: int = 16,
-    runner: str = "auto",
-    precision: str = "fp32",
-    **drafter_options,
+    measure_shapes: bool = True,
+    **options: Any,
 ) -> Decoder:
     """Load a target (None: the embedded default) and an optional draft model into a Decoder.
 
     target/draft: a Hugging Face hub id, a local folder, a .gguf file, or a loaded model.
-    method: a name in METHODS (default: "draft" with a draft, else "prompt-lookup").
-    k: draft tokens per step (default per method); with draft_length "adaptive" or "cost"
-    the starting K, varied per step up to k_max. draft_length: "fixed", "adaptive" or "cost"
-    (default per method: "cost" for prompt lookup, else "fixed").
-    runner: "auto" (the native runner for Llama, Mistral and Qwen2 models, else transformers),
-    "native" or "hf". precision (native runner): "fp32"; "bf16" (weights and activations in
-    bfloat16, norms and logits in fp32); "int8" (per-channel int8 weights) or "int4" (groups of
-    32 with scale and zero; a GGUF file's own Q4_0/Q4_1 blocks as they are), both with bf16
-    activations.
-    drafter_options: max_ngram and min_ngram (prompt lookup), confidence (draft models stop
-    drafting when their top probability falls below it), layers (self-spec: the first L
-    layers, a list of layers to keep, or "auto" to calibrate).
+    method: a name in METHODS, or a METHOD:key=value spec (default: "draft" with a draft, else
+    "prompt-lookup"). k: draft tokens per step (default per method). options: any setting
+    declared in quickdraft.options.OPTIONS, e.g. precision ("fp32", "bf16", "int8", "int4"),
+    backend ("auto", "native", "hf"), device ("auto", "cpu", "cuda"), draft_length ("fixed",
+    "adaptive", "cost"), max_ngram, confidence, layers (self-spec; "auto" calibrates), tree_nodes.
+    Every setting is checked before anything loads.
     """
-    if method is not None and get_method(method).needs_draft_model and draft is None:
-        # Fail on a bad method before loading anything.
-        raise QuickdraftError(f'method "{method}" needs a draft model (pass draft=... or --draft)')
-    if k is not None and k < 1 and method != "none":
-        raise QuickdraftError(f"k (draft tokens per step) must be >= 1, got {k}")
+    configure(method, draft is not None, k=k, **options)  # a bad setting fails before loading
     target_model = load_model(target, tokenizer, cache_dir, dtype)
     draft_model = None
     if draft is not None:
         draft_model = load_model(draft, draft_tokenizer, cache_dir, dtype)
         check_same_vocabulary(target_model, draft_model)
-    if drafter_options.get("layers") == "auto":
-        return calibrate_self_spec(Decoder(target_model, draft_model, "none", runner=runner, precision=precision),
-                                   method or "self-spec", k, draft_length=draft_length, k_max=k_max,
-                                   **drafter_options)
-    return Decoder(target_model, draft_model, method, k, draft_length=draft_length, k_max=k_max,
-                   runner=runner, precision=precision, **drafter_options)
+    if options.get("layers") == "auto":
+        settings = {name: value for name, value in options.items() if name in MODEL_OPTIONS}
+        base = Decoder(target_model, draft_model, "none", cache_dir=cache_dir, measure_shapes=measure_shapes,
+                       **settings)
+        return calibrate_self_spec(base, method or "self-spec", k, **options)
+    return Decoder(target_model, draft_model, method, k, cache_dir=cache_dir, measure_shapes=measure_shapes,
+                   **options)

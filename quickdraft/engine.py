@@ -1,27 +1,35 @@
-"""The loop: propose -> verify -> accept -> roll back -> emit. One loop for every method.
+"""The loop: propose -> verify -> accept -> roll back -> emit. One loop for every method and
+every caller: a library call is a batch of one, the server's scheduler a batch of many.
 
-A Generation holds one sequence. The target's KV cache always holds every token but the
-last one; each step feeds that last token plus the K drafts in one target pass, so the
-logits at K + 1 positions score every draft and give the token after them.
+A Generation holds one sequence: its tokens, its cache handle in the target backend, its
+drafter's state and its stats. `step(generations)` advances any set of them together:
+
+  1. plan: each drafter drafts for all of its sequences in one call (draft models: one
+     batched draft pass per draft token);
+  2. one target pass per backend scores every sequence's newest token, drafts and aux tokens;
+  3. complete: each sequence verifies its own draft, emits, rolls back its cache, and tells
+     its drafter the outcome once.
+
+The target's cache always holds every token but the last one; each step feeds that last token
+plus the K drafts, so the logits at K + 1 positions score every draft and give the token after them.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from quickdraft.backends.base import Backend, PassOutput, SeqPass
 from quickdraft.draft_length import DraftLength
-from quickdraft.drafters.base import Draft, Drafter
-from quickdraft.models.runner import Runner
+from quickdraft.drafters.base import Draft, Drafter, DraftRequest, StepOutcome
 from quickdraft.sampling import SamplingParams
 from quickdraft.stats import Stats, StepRecord
+from quickdraft.text import TextStream
 from quickdraft.tree import chain_parents, depths, pass_layout
 from quickdraft.verify import Verdict, verify_tree
-
-StopCheck = Callable[[list[int]], bool]  # new token ids -> True when a stop string appeared
 
 
 @dataclass
@@ -34,17 +42,20 @@ class PassPlan:
     inputs: list[int]  # [newest token, draft tokens..., aux tokens...]
     positions: list[int] | None  # explicit positions for trees and aux tokens (None: consecutive)
     mask: torch.Tensor | None  # [n, cached + n] for trees and aux tokens (None: causal)
-    parents: list[int] | None  # the draft as a tree (chains with aux tokens too); None: a plain chain
-    started: float
-    drafted: float
+    parents: list[int]  # the draft as a tree (a chain is the tree with one child per node)
+    draft_time: float
+    verify_time: float = 0.0  # the target pass that scored it
 
 
 class Generation:
-    """One sequence being decoded. Call step() until done; read tokens and stats."""
+    """One sequence being decoded. Step it (alone or with others) until done; read tokens and stats.
+
+    text: the stream that detokenizes the new tokens and ends the sequence at a stop string
+    (None: no stop strings and nobody reading text as it comes)."""
 
     def __init__(
         self,
-        target: Runner,
+        target: Backend,
         drafter: Drafter,
         prompt_ids: list[int],
         *,
@@ -53,7 +64,7 @@ class Generation:
         sampling: SamplingParams,
         generator: torch.Generator,
         eos_ids: frozenset[int] = frozenset(),
-        stop_check: StopCheck | None = None,
+        text: TextStream | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
@@ -62,14 +73,16 @@ class Generation:
         self.sampling = sampling
         self.generator = generator
         self.eos_ids = eos_ids
-        self.stop_check = stop_check
+        self.text = text
         self.tokens = list(prompt_ids)  # prompt + accepted tokens
         self.prompt_length = len(prompt_ids)
+        self.cache = target.new_cache()
+        self.draft_state = None  # the drafter's, from prefill()
+        self.prefilled = False
         self.steps: list[StepRecord] = []
         self.stats = Stats(prompt_tokens=len(prompt_ids))
         self.finish_reason: str | None = None
         self._started = time.perf_counter()
-        self._prefill()
 
     @property
     def done(self) -> bool:
@@ -79,56 +92,55 @@ class Generation:
     def new_tokens(self) -> list[int]:
         return self.tokens[self.prompt_length :]
 
-    def _prefill(self) -> None:
-        # Everything but the last prompt token goes into the caches; the first step feeds it.
-        start = time.perf_counter()
-        self.target.reset()
-        if self.prompt_length > 1:
-            self.target.forward(self.tokens[:-1], all_logits=False)
-        self.drafter.begin(self.tokens)
-        if self.drafter.needs_hidden and self.prompt_length > 1:
-            self.drafter.observe_hidden(self.target.hidden)  # [prompt - 1, H]
-        self.stats.prefill_time = time.perf_counter() - start
-
     def step(self) -> StepRecord:
-        """One target pass; returns what it did."""
-        plan = self.plan()
-        return self.complete(plan, self.target.forward(plan.inputs, positions=plan.positions, mask=plan.mask))
+        """One target pass for this sequence alone."""
+        if not self.prefilled:
+            prefill([self])
+        return step([self])[0]
 
-    def plan(self) -> PassPlan:
-        """Draft, and lay out the target pass that verifies the draft (run it, then complete())."""
+    def __iter__(self) -> Iterator[StepRecord]:
+        while not self.done:
+            yield self.step()
+
+    def plan_request(self) -> tuple[int, int, DraftRequest]:
+        """(K asked for, cache room, the drafter's request) for the next step."""
         assert not self.done, "generation already finished"
         remaining = self.max_new_tokens - len(self.new_tokens)
         room = self.target.max_length - len(self.tokens)  # cache slots left after the last token
         # Drafts past the end of the output can never be used; the target pass yields one more.
         k = max(0, min(self.draft_length.next_k(), remaining - 1, room))
+        return k, room, DraftRequest(self.draft_state, self.tokens, k, self.sampling, self.generator)
+
+    def lay_out(self, k: int, room: int, draft: Draft, draft_time: float) -> PassPlan:
+        """The target pass that verifies `draft`: inputs, positions and mask."""
+        draft = draft.fitted(room)
         root = len(self.tokens) - 1  # the newest token: its position and its cache slot
-        start = time.perf_counter()
-        draft = self.drafter.propose(self.tokens, k, self.sampling, self.generator).fitted(room)
         inputs = [self.tokens[-1], *draft.tokens, *draft.aux_tokens]
-        if draft.is_chain:  # the runner's causal default
-            return PassPlan(k, root, draft, inputs, None, None, None, start, time.perf_counter())
         parents = draft.parents if draft.parents is not None else chain_parents(len(draft.tokens))
+        if draft.is_chain:  # the backend's causal default
+            return PassPlan(k, root, draft, inputs, None, None, parents, draft_time)
         mask, offsets = pass_layout(parents, draft.aux_offsets, draft.aux_mask)  # [n, n], [n]
-        cached = torch.ones(len(inputs), self.target.length, dtype=torch.bool)  # the prefix
-        return PassPlan(k, root, draft, inputs, [root + o for o in offsets], torch.cat([cached, mask], dim=1),
-                        parents, start, time.perf_counter())
+        device = self.target.device
+        cached = torch.ones(len(inputs), self.cache.length, dtype=torch.bool, device=device)  # the prefix
+        return PassPlan(k, root, draft, inputs, [root + o for o in offsets],
+                        torch.cat([cached, mask.to(device)], dim=1), parents, draft_time)
 
-    def complete(self, plan: PassPlan, logits: torch.Tensor) -> StepRecord:
+    def complete(self, plan: PassPlan, output: PassOutput) -> StepRecord:
         """Verify the draft with the target's logits [n, V] for plan.inputs; accept, roll back, emit."""
+        start = time.perf_counter()
         draft, root = plan.draft, plan.root
-        verdict = self._verify(plan, logits)
-        verified = time.perf_counter()
-
-        proposed = [*(draft.tokens[i] for i in verdict.path), verdict.next_token]
-        emitted = self._emit(proposed)
+        m = len(draft.tokens)
+        verdict: Verdict = verify_tree(draft.tokens, plan.parents, output.logits[: m + 1], self.sampling,
+                                       self.generator, draft.probs)
+        emitted = self._emit([*(draft.tokens[i] for i in verdict.path), verdict.next_token])
         if not self.done:
             # Roll back: the target keeps the prefix, the root and the accepted path; the drafter
-            # drops whatever it holds past the accepted tokens.
-            self.target.keep([*range(root + 1), *(root + 1 + i for i in verdict.path)])
-            self.drafter.rollback(self.tokens)
-            if self.drafter.needs_hidden:  # where the target predicted each emitted token
-                self.drafter.observe_hidden(self.target.hidden[[0, *(1 + i for i in verdict.path)]])
+            # hears the outcome once and drops whatever it holds past the accepted tokens.
+            self.cache.keep([*range(root + 1), *(root + 1 + i for i in verdict.path)])
+            rows = [0, *(1 + i for i in verdict.path)]  # where the target predicted each emitted token
+            hidden = output.hidden[rows] if output.hidden is not None else None
+            aux = output.logits[m + 1 :] if draft.aux_tokens else None
+            self.drafter.update(self.draft_state, StepOutcome(self.tokens, verdict.path, hidden, aux))
         record = StepRecord(
             k=plan.k,
             draft_tokens=list(draft.tokens),
@@ -136,8 +148,8 @@ class Generation:
             next_token=verdict.next_token,
             bonus=verdict.bonus,
             emitted=emitted,
-            draft_time=plan.drafted - plan.started,
-            verify_time=verified - plan.drafted,
+            draft_time=plan.draft_time,
+            verify_time=plan.verify_time + time.perf_counter() - start,
             tree_depth=None if draft.parents is None else max(depths(draft.parents), default=0),
         )
         self.steps.append(record)
@@ -148,15 +160,6 @@ class Generation:
             self.stats.finish_reason = self.finish_reason
         return record
 
-    def _verify(self, plan: PassPlan, logits: torch.Tensor) -> Verdict:
-        """The rejection sampler over the pass's logits (a chain is a tree; aux tokens go to the drafter)."""
-        draft = plan.draft
-        parents = plan.parents if plan.parents is not None else chain_parents(len(draft.tokens))
-        if draft.aux_tokens:
-            self.drafter.observe(logits[len(draft.tokens) + 1 :])
-        return verify_tree(draft.tokens, parents, logits[: len(draft.tokens) + 1], self.sampling, self.generator,
-                           draft.probs)
-
     def _emit(self, proposed: list[int]) -> list[int]:
         """Append tokens one by one, stopping exactly at max_new_tokens, EOS or a stop string."""
         emitted = []
@@ -165,7 +168,7 @@ class Generation:
             emitted.append(token)
             if token in self.eos_ids:
                 self.finish_reason = "eos"
-            elif self.stop_check is not None and self.stop_check(self.new_tokens):
+            elif self.text is not None and self.text.push(token):
                 self.finish_reason = "stop"
             elif len(self.new_tokens) >= self.max_new_tokens:
                 self.finish_reason = "length"
@@ -173,6 +176,50 @@ class Generation:
                 break
         return emitted
 
-    def __iter__(self) -> Iterator[StepRecord]:
-        while not self.done:
-            yield self.step()
+
+def prefill(generations: list[Generation]) -> None:
+    """Everything but each prompt's last token goes into the target's caches, in one pass per
+    backend (the first step feeds the last token); then each drafter begins its sequences."""
+    start = time.perf_counter()
+    for target, group in _grouped(generations, lambda g: g.target):
+        want = [g for g in group if g.prompt_length > 1]
+        outputs = target.forward([SeqPass(g.cache, g.tokens[:-1], logits="none", hidden=g.drafter.needs_hidden)
+                                  for g in want]) if want else []
+        hidden = {id(g): out.hidden for g, out in zip(want, outputs)}
+        for g in group:
+            g.draft_state = g.drafter.begin(g.tokens, hidden.get(id(g)))  # hidden: [prompt - 1, H] or None
+            g.prefilled = True
+    elapsed = time.perf_counter() - start
+    for g in generations:
+        g.stats.prefill_time = elapsed
+
+
+def step(generations: list[Generation]) -> list[StepRecord]:
+    """One step of every generation: draft all, one target pass per backend, complete each."""
+    plans: dict[int, PassPlan] = {}
+    for drafter, group in _grouped(generations, lambda g: g.drafter):
+        start = time.perf_counter()
+        asked = [g.plan_request() for g in group]
+        drafts = drafter.propose([request for _, _, request in asked])
+        elapsed = time.perf_counter() - start
+        for g, (k, room, _), draft in zip(group, asked, drafts):
+            plans[id(g)] = g.lay_out(k, room, draft, elapsed)
+    outputs: dict[int, PassOutput] = {}
+    for target, group in _grouped(generations, lambda g: g.target):
+        start = time.perf_counter()
+        passes = [SeqPass(g.cache, plans[id(g)].inputs, plans[id(g)].positions, plans[id(g)].mask,
+                          hidden=g.drafter.needs_hidden) for g in group]
+        for g, out in zip(group, target.forward(passes)):
+            outputs[id(g)] = out
+        elapsed = time.perf_counter() - start
+        for g in group:
+            plans[id(g)].verify_time = elapsed
+    return [g.complete(plans[id(g)], outputs[id(g)]) for g in generations]
+
+
+def _grouped(generations: list[Generation], key) -> list[tuple[object, list[Generation]]]:
+    """Generations sharing the same object under `key` (a drafter, a backend), in first-seen order."""
+    groups: dict[int, tuple[object, list[Generation]]] = {}
+    for g in generations:
+        groups.setdefault(id(key(g)), (key(g), []))[1].append(g)
+    return list(groups.values())

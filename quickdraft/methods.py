@@ -1,49 +1,41 @@
-"""The drafting methods a user can name, and the default K of each.
+"""The drafting methods a user can name, their defaults, and one validated configuration.
 
-Adding a method is one entry in METHODS: a builder from the loaded models to a Drafter.
+Adding a method is one entry in METHODS: a builder from the loaded parts to a Drafter. Its
+options are declared once in options.py; `configure` checks a user's settings against both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from quickdraft.backends.base import Backend
 from quickdraft.drafters import DraftModelDrafter, Drafter, LookaheadDrafter, NoDrafter, PromptLookupDrafter
 from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.medusa import MedusaDrafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.inference import for_drafting
-from quickdraft.heads.store import load_head
+from quickdraft.heads.store import head_folder, load_head
 from quickdraft.models.layer_subset import decoder_layers, resolve_layers
 from quickdraft.models.loading import LoadedModel
-from quickdraft.models.runner import Runner
+from quickdraft.options import OPTION, OPTIONS, checked, parse_spec
 
 
-@dataclass(frozen=True)
-class DrafterOptions:
-    """The user's settings for every drafter; each builder reads the ones it needs."""
+@dataclass
+class Parts:
+    """What drafters are built from: the loaded models, the target's backend, and a way to get
+    another backend of the same kind, precision and device (a draft model, a layer subset)."""
 
-    max_ngram: int = 3  # prompt lookup: longest n-gram matched
-    min_ngram: int = 2  # prompt lookup: shortest n-gram matched
-    confidence: float | None = None  # draft models: stop drafting below this top probability
-    layers: int | tuple[int, ...] | None = None  # self-spec: first L layers, or the layers kept
-    window: int = 4  # lookahead: Jacobi window width W
-    ngram: int = 3  # lookahead: n-gram size N
-    candidates: int = 4  # lookahead: n-grams verified per pass G
-    head: str | None = None  # eagle/medusa: folder of a trained head (None: the one shipped for the target)
-    tree_top_k: int = 4  # eagle/medusa: children per expanded node, nodes expanded per level
-    tree_nodes: int = 4  # eagle/medusa: draft tokens verified per pass (the fastest of 4/8/16 here)
-    tree: str = "dynamic"  # eagle/medusa: "dynamic" (EAGLE-2) or "static" (a fixed shape of sibling ranks)
-    full_vocab: bool = False  # eagle/medusa: draft over the target's whole vocabulary, not the head's slice
-
-
-RunnerFactory = Callable[..., Runner]  # (loaded model, layers=None) -> a runner for it
-Builder = Callable[[LoadedModel, LoadedModel | None, DrafterOptions, RunnerFactory], Drafter]
+    target: LoadedModel
+    draft: LoadedModel | None
+    target_backend: Backend
+    backend_for: Callable[[LoadedModel, list[int] | None], Backend]
 
 
 @dataclass(frozen=True)
 class Method:
-    build: Builder
+    build: Callable[[Parts, "MethodConfig"], Drafter]
     default_k: int
     needs_draft_model: bool = False
     speculative: bool = True
@@ -52,10 +44,61 @@ class Method:
     needs_hidden: bool = False  # drafts from the target's hidden states
 
 
-def _build_draft(target: LoadedModel, draft: LoadedModel | None, options: DrafterOptions,
-                 make_runner: RunnerFactory) -> Drafter:
-    assert draft is not None, "Decoder refuses method draft without a draft model"
-    return DraftModelDrafter(make_runner(draft), options.confidence)
+@dataclass(frozen=True)
+class MethodConfig:
+    """A method and every option's value, checked once (read them as attributes: config.k).
+    given: the settings the user named, so another method can start from the same choices."""
+
+    method: str
+    values: tuple[tuple[str, Any], ...]
+    given: tuple[tuple[str, Any], ...] = ()
+
+    def __getattr__(self, name: str) -> Any:
+        for key, value in object.__getattribute__(self, "values"):
+            if key == name:
+                return value
+        raise AttributeError(name)
+
+    @property
+    def spec(self) -> Method:
+        return METHODS[self.method]
+
+    def settings(self) -> dict[str, Any]:
+        return dict(self.values)
+
+    def label(self) -> str:
+        """METHOD[:key=value,...] of what the user set (the spec that gives this config back)."""
+        text = ",".join(f"{key}={'+'.join(map(str, v)) if isinstance(v, tuple) else v}" for key, v in self.given)
+        return f"{self.method}:{text}" if text else self.method
+
+
+def configure(method: str | None, has_draft_model: bool, **settings: Any) -> MethodConfig:
+    """The one place settings are validated: the method (a name or a METHOD:key=value spec), option
+    names, values and bounds, whether the method reads each option, whether it needs a draft model."""
+    if method is not None and ":" in method:
+        [(_, method, from_spec)] = parse_spec(method)
+        twice = sorted(set(from_spec) & {k for k, v in settings.items() if v is not None})
+        if twice:
+            raise QuickdraftError(f"option {twice[0]!r} is given twice (in the method spec and on its own)", twice[0])
+        settings = settings | from_spec
+    name = method or default_method(has_draft_model)
+    spec = get_method(name)
+    given = checked(settings)
+    for key in given:
+        readers = OPTION[key].methods
+        if readers and name not in readers and spec.speculative:
+            raise QuickdraftError(f"option {key!r} does not apply to method {name!r} (it is for "
+                                  f"{', '.join(readers)})", key)
+    if spec.needs_draft_model and not has_draft_model:
+        raise QuickdraftError(f'method "{name}" needs a draft model (pass draft=... or --draft)', "method")
+    values = {option.name: option.default for option in OPTIONS} | given
+    values["k"] = (values["k"] if values["k"] is not None else spec.default_k) if spec.speculative else 0
+    values["draft_length"] = values["draft_length"] or spec.default_draft_length
+    return MethodConfig(name, tuple(values.items()), tuple(given.items()))
+
+
+def _build_draft(parts: Parts, config: MethodConfig) -> Drafter:
+    return DraftModelDrafter(parts.backend_for(parts.draft, None), config.confidence)
 
 
 def default_self_spec_layers(target: LoadedModel) -> int:
@@ -63,37 +106,47 @@ def default_self_spec_layers(target: LoadedModel) -> int:
     return max(1, len(decoder_layers(target.model)) // 4)
 
 
-def _build_self_spec(target: LoadedModel, draft: LoadedModel | None, options: DrafterOptions,
-                     make_runner: RunnerFactory) -> Drafter:
-    spec = options.layers if options.layers is not None else default_self_spec_layers(target)
-    layers = resolve_layers(target.model, spec if isinstance(spec, int) else list(spec))
-    return DraftModelDrafter(make_runner(target, layers=layers), options.confidence)
+def _build_self_spec(parts: Parts, config: MethodConfig) -> Drafter:
+    spec = config.layers if config.layers is not None else default_self_spec_layers(parts.target)
+    if spec == "auto":
+        raise QuickdraftError("layers='auto' is resolved by quickdraft.load (it calibrates); pass a depth here",
+                              "layers")
+    layers = resolve_layers(parts.target.model, spec if isinstance(spec, int) else list(spec))
+    return DraftModelDrafter(parts.backend_for(parts.target, layers), config.confidence)
 
 
-def _build_medusa(target: LoadedModel, draft: LoadedModel | None, options: DrafterOptions,
-                  make_runner: RunnerFactory) -> Drafter:
-    head = load_head("medusa", target, options.head, options.full_vocab)
-    return MedusaDrafter(for_drafting(head), options.tree_top_k, options.tree_nodes, options.tree)
+def shared_head(kind: str, parts: Parts, config: MethodConfig):
+    """The trained head, loaded (and made a drafting copy) once per target, folder and device."""
+    device = parts.target_backend.device
+    folder = head_folder(kind, parts.target, config.head)
+    key = (kind, str(folder.resolve()), config.full_vocab, str(device))
+    if key not in parts.target.heads:
+        head = load_head(kind, parts.target, folder, config.full_vocab)
+        # int8 drafting copies use PyTorch's CPU kernel; elsewhere the head runs as trained.
+        parts.target.heads[key] = for_drafting(head) if device.type == "cpu" else head.to(device).eval()
+    return parts.target.heads[key]
 
 
-def _build_eagle(target: LoadedModel, draft: LoadedModel | None, options: DrafterOptions,
-                 make_runner: RunnerFactory) -> Drafter:
-    head = load_head("eagle", target, options.head, options.full_vocab)
-    return EagleDrafter(for_drafting(head), options.tree_top_k, options.tree_nodes, options.tree)
+def _build_medusa(parts: Parts, config: MethodConfig) -> Drafter:
+    return MedusaDrafter(shared_head("medusa", parts, config), config.tree_top_k, config.tree_nodes, config.tree)
+
+
+def _build_eagle(parts: Parts, config: MethodConfig) -> Drafter:
+    return EagleDrafter(shared_head("eagle", parts, config), parts.target_backend.max_length, config.tree_top_k,
+                        config.tree_nodes, config.tree)
 
 
 METHODS: dict[str, Method] = {
-    "none": Method(lambda target, draft, options, make_runner: NoDrafter(), default_k=0, speculative=False),
+    "none": Method(lambda parts, config: NoDrafter(), default_k=0, speculative=False),
     "draft": Method(_build_draft, default_k=4, needs_draft_model=True),
     "prompt-lookup": Method(
-        lambda target, draft, options, make_runner: PromptLookupDrafter(options.max_ngram, options.min_ngram),
+        lambda parts, config: PromptLookupDrafter(config.max_ngram, config.min_ngram),
         default_k=8,
         default_draft_length="cost",
     ),
     "self-spec": Method(_build_self_spec, default_k=4),
     "lookahead": Method(
-        lambda target, draft, options, make_runner: LookaheadDrafter(options.window, options.ngram,
-                                                                     options.candidates),
+        lambda parts, config: LookaheadDrafter(config.window, config.ngram, config.candidates),
         default_k=2,  # caps each verified n-gram's length; N - 1 is the most it can use
         drafts_trees=True,
     ),
@@ -105,7 +158,7 @@ METHODS: dict[str, Method] = {
 
 def get_method(name: str) -> Method:
     if name not in METHODS:
-        raise QuickdraftError(f"unknown method {name!r}; choose one of: {', '.join(METHODS)}")
+        raise QuickdraftError(f"unknown method {name!r}; choose one of: {', '.join(METHODS)}", "method")
     return METHODS[name]
 
 
@@ -113,3 +166,5 @@ def default_method(has_draft_model: bool) -> str:
     """The fastest method available (BENCHMARKS.md): a draft model if given, else prompt lookup."""
     return "draft" if has_draft_model else "prompt-lookup"
 
+
+__all__ = ["METHODS", "Method", "MethodConfig", "Parts", "configure", "default_method", "get_method"]

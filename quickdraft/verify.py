@@ -62,25 +62,28 @@ def verify_tree(
     """
     kids = children(parents)
     node, path = -1, []  # -1 is the root
-    while True:
-        row = target_logits[node + 1]  # [V]
-        if params.greedy:
-            choice = int(torch.argmax(row).item())
+    if params.greedy:
+        choices = target_logits.argmax(-1).tolist()  # the target's pick at every row: one read from the device
+        while True:
+            choice = choices[node + 1]
             nxt = next((c for c in kids[node + 1] if draft_tokens[c] == choice), None)
             if nxt is None:
                 return Verdict(len(path), choice, bonus=not kids[node + 1], path=tuple(path))
-        else:
-            p = logits_to_probs(row, params)  # [V]
-            nxt = None
-            for child in kids[node + 1]:
-                x = draft_tokens[child]
-                q = one_hot(x, p.shape[-1]) if draft_probs is None else padded(draft_probs[child], p.shape[-1])
-                if torch.rand((), generator=generator, dtype=p.dtype) < acceptance(p[x], q[x]):
-                    nxt = child
-                    break
-                p = residual_distribution(p, q)
-            if nxt is None:
-                return Verdict(len(path), sample(p, generator), bonus=not kids[node + 1], path=tuple(path))
+            path.append(nxt)
+            node = nxt
+    target_logits = target_logits.float().cpu()  # sampling follows the CPU generator, on any device
+    while True:
+        p = logits_to_probs(target_logits[node + 1], params)  # [V]
+        nxt = None
+        for child in kids[node + 1]:
+            x = draft_tokens[child]
+            q = one_hot(x, p.shape[-1]) if draft_probs is None else padded(draft_probs[child], p.shape[-1])
+            if torch.rand((), generator=generator, dtype=p.dtype) < acceptance(p[x], q[x]):
+                nxt = child
+                break
+            p = residual_distribution(p, q)
+        if nxt is None:
+            return Verdict(len(path), sample(p, generator), bonus=not kids[node + 1], path=tuple(path))
         path.append(nxt)
         node = nxt
 

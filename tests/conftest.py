@@ -45,6 +45,12 @@ def loaded(model: LlamaForCausalLM, name: str) -> LoadedModel:
     return LoadedModel(model, None, name)
 
 
+# The device-independent tests run on every device this machine has: the CPU always, CUDA where
+# present (skipped elsewhere, with the reason in the report).
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                 reason="no CUDA device on this machine"))]
+
+
 @pytest.fixture(scope="session")
 def tiny_target() -> LlamaForCausalLM:
     return tiny_llama(seed=1)

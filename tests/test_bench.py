@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from quickdraft.bench import BenchSettings, MethodContender, RunRecord, load_prompts, method_contenders, run_bench
+from quickdraft.bench import BenchSettings, MethodContender, load_prompts, method_contenders, run_bench
 from quickdraft.bench.contenders import parse_spec
 from quickdraft.bench.peers import transformers_peers
 from quickdraft.bench.prompts import BUILTIN_PROMPTS, SPEC_BENCH_RELATIVE, default_prompt_file, read_prompt_file
@@ -45,7 +45,7 @@ def test_report_has_a_table_per_category_json_and_three_plots(decoder, tmp_path)
     assert all(not s.mismatches for s in overall.values())  # every method and transformers are exact
     assert all(len(p.runs[name]) == 2 for p in result.prompts for name in names)
 
-    paths = write_report(tmp_path, result, summaries, {"target": "tiny", "precision": "fp32", "runner": "auto",
+    paths = write_report(tmp_path, result, summaries, {"target": "tiny", "precision": "fp32", "backend": "auto",
                                                         "prompts": "test ids"})
     report = paths["report"].read_text()
     for heading in ("## overall", "## qa", "## rag", "## Equality check (greedy)"):
@@ -67,7 +67,7 @@ def test_equality_check_catches_a_broken_method(decoder, tmp_path):
     assert summaries[OVERALL]["broken"].mismatches == [1, 2]
     assert summaries["rag"]["broken"].mismatches == [2]
     assert summaries[OVERALL]["prompt-lookup"].mismatches == []
-    report = write_report(tmp_path, result, summaries, {"target": "tiny", "precision": "fp32", "runner": "auto",
+    report = write_report(tmp_path, result, summaries, {"target": "tiny", "precision": "fp32", "backend": "auto",
                                                          "prompts": "ids"})["report"].read_text()
     assert "**quickdraft methods whose tokens differ from their reference:** broken: prompts [1, 2]" in report
     assert "| broken |" in report and "2/2 |" in report
@@ -77,17 +77,17 @@ def test_methods_at_another_precision_are_checked_against_plain_decoding_at_it(d
     contenders = method_contenders(decoder, ["prompt-lookup:precision=int4", "none:precision=int8",
                                              "prompt-lookup:precision=int8"])
     references = {c.name: c.reference for c in contenders}
-    assert references == {"none": "none", "none:precision=int4,runner=auto": "none:precision=int4,runner=auto",
-                          "prompt-lookup:precision=int4": "none:precision=int4,runner=auto",
+    assert references == {"none": "none", "none:precision=int4,backend=auto": "none:precision=int4,backend=auto",
+                          "prompt-lookup:precision=int4": "none:precision=int4,backend=auto",
                           "none:precision=int8": "none:precision=int8",
                           "prompt-lookup:precision=int8": "none:precision=int8"}
     result = run_bench(PROMPTS, contenders, BenchSettings(max_new_tokens=16), progress=False)
     summaries = summarise_all(result)
     assert all(not s.mismatches for s in summaries[OVERALL].values())
     # int4 plain decoding differs from fp32 (the baseline) but is its own precision's reference.
-    report = write_report(tmp_path, result, summaries, {"target": "tiny", "precision": "fp32", "runner": "auto",
+    report = write_report(tmp_path, result, summaries, {"target": "tiny", "precision": "fp32", "backend": "auto",
                                                          "prompts": "ids"})["report"].read_text()
-    assert "| 0/2 vs none:precision=int4,runner=auto |" in report
+    assert "| 0/2 vs none:precision=int4,backend=auto |" in report
 
 
 def test_sampled_runs_skip_the_equality_check(decoder):
@@ -99,12 +99,12 @@ def test_sampled_runs_skip_the_equality_check(decoder):
 def test_specs_expand_and_bad_ones_are_refused(decoder):
     assert [name for name, _, _ in parse_spec("prompt-lookup:k=2/8,max_ngram=4")] == [
         "prompt-lookup:k=2,max_ngram=4", "prompt-lookup:k=8,max_ngram=4"]
-    assert parse_spec("self-spec:layers=0+1+3")[0][2] == {"layers": [0, 1, 3]}
+    assert parse_spec("self-spec:layers=0+1+3")[0][2] == {"layers": (0, 1, 3)}
     with pytest.raises(QuickdraftError, match="unknown method"):
         parse_spec("telepathy")
     with pytest.raises(QuickdraftError, match="key=value"):
         parse_spec("prompt-lookup:k")
-    with pytest.raises(QuickdraftError, match="must be a number"):
+    with pytest.raises(QuickdraftError, match="k must be an integer, got .many."):
         parse_spec("prompt-lookup:k=many")
     with pytest.raises(QuickdraftError, match="baseline"):
         method_contenders(decoder, ["none"])

@@ -6,18 +6,19 @@ import pytest
 import torch
 
 from quickdraft import Decoder
+from quickdraft.backends.base import SeqPass
 from quickdraft.sampling import SamplingParams, logits_to_probs
 
-from conftest import loaded, perturbed_copy, tiny_llama
+from conftest import DEVICES, loaded, perturbed_copy, tiny_llama
 from stats_util import chi_square_p_value
 
 PROMPTS = [[1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [30, 4, 17, 30, 4]]
 
 
-def make_decoder(target, draft, method: str, k: int | None = None) -> Decoder:
+def make_decoder(target, draft, method: str, k: int | None = None, device: str = "cpu") -> Decoder:
     draft_model = loaded(draft, "draft") if method == "draft" else None
     options = {"layers": 1} if method == "self-spec" else {}  # the tiny models have 2 layers
-    return Decoder(loaded(target, "target"), draft_model, method, k, **options)
+    return Decoder(loaded(target, "target"), draft_model, method, k, device=device, **options)
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
@@ -32,11 +33,12 @@ def test_plain_decoding_equals_transformers_greedy(tiny_target, prompt):
     assert out.stats.target_passes == 30 and out.stats.drafted_tokens == 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("method", ["draft", "prompt-lookup", "self-spec", "lookahead"])
 @pytest.mark.parametrize("k", [1, 3, 8])
-def test_greedy_speculation_equals_plain_greedy(tiny_target, tiny_draft, method, k):
-    plain = make_decoder(tiny_target, None, "none")
-    spec = make_decoder(tiny_target, tiny_draft, method, k)
+def test_greedy_speculation_equals_plain_greedy(tiny_target, tiny_draft, method, k, device):
+    plain = make_decoder(tiny_target, None, "none", device=device)
+    spec = make_decoder(tiny_target, tiny_draft, method, k, device=device)
     accepted = 0
     for prompt in PROMPTS:
         for max_new in (37, 11):  # 37 ends mid-step for every k > 1
@@ -68,17 +70,17 @@ def test_steps_and_stats_are_consistent(tiny_target, tiny_draft):
 def test_draft_cache_is_rolled_back_not_recomputed(tiny_target, tiny_draft):
     decoder = make_decoder(tiny_target, tiny_draft, "draft", 3)
     generation = decoder.start(PROMPTS[1], max_new_tokens=20)
-    draft_runner = decoder._drafter.runner
+    draft_cache = generation.draft_state.cache
     while not generation.done:
         generation.step()
         if not generation.done:
             # Both caches hold exactly the accepted tokens except the newest (or fewer for the draft).
-            assert decoder._target_runner.length == len(generation.tokens) - 1
-            assert draft_runner.length <= len(generation.tokens) - 1
+            assert generation.cache.length == len(generation.tokens) - 1
+            assert draft_cache.length <= len(generation.tokens) - 1
     # The draft cache after a rollback gives the logits a fresh forward gives.
     tokens = generation.tokens
-    draft_runner.truncate(len(tokens) - 3)
-    cached = draft_runner.forward(tokens[len(tokens) - 3 :])
+    draft_cache.truncate(len(tokens) - 3)
+    cached = decoder.drafter.backend.forward([SeqPass(draft_cache, tokens[len(tokens) - 3 :])])[0].logits
     with torch.no_grad():
         fresh = tiny_draft(torch.tensor([tokens])).logits[0, -3:]
     assert torch.allclose(cached, fresh, atol=1e-5)
@@ -165,10 +167,11 @@ DISTRIBUTION_CASES = [
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("method,k,params", DISTRIBUTION_CASES)
-def test_sampled_output_follows_target_distribution(small_target, small_draft, method, k, params):
+def test_sampled_output_follows_target_distribution(small_target, small_draft, method, k, params, device):
     prompt = [1, 2, 3, 1, 2, 3, 1]  # repeats, so prompt lookup has drafts to propose
-    decoder = make_decoder(small_target, small_draft, method, k)
+    decoder = make_decoder(small_target, small_draft, method, k, device)
     counts = sampled_joint(decoder, prompt, params, k)
     expected = exact_joint(small_target, prompt, params)
     assert chi_square_p_value(counts, expected) > 1e-3

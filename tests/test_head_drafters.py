@@ -4,7 +4,7 @@ plain decoding, sampled output follows the target, heads are found and refused c
 import pytest
 import torch
 
-from conftest import loaded, tiny_llama
+from conftest import DEVICES, loaded, tiny_llama
 from quickdraft import Decoder
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.distill import regenerate
@@ -16,6 +16,7 @@ from stats_util import chi_square_p_value
 
 def train_heads(model, folder, vocab):
     """Medusa and EAGLE heads trained for a few seconds on the model's own greedy continuations."""
+    torch.manual_seed(0)  # test-only: the heads' initial weights, whatever ran before
     generator = torch.Generator().manual_seed(0)
     prompts = [(torch.randint(vocab, (6,), generator=generator).tolist(), 6) for _ in range(48)]
     sequences = regenerate(model, prompts, 0, [], 40, batch_size=16, progress=False)
@@ -34,12 +35,13 @@ def heads(tiny_target, tmp_path_factory):
     return train_heads(tiny_target, tmp_path_factory.mktemp("heads"), 32)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("method", ["medusa", "eagle"])
 @pytest.mark.parametrize("k,top_k,nodes", [(1, 1, 1), (3, 2, 6), (5, 4, 16)])
-def test_head_drafters_greedy_equal_plain(tiny_target, heads, method, k, top_k, nodes):
-    plain = Decoder(loaded(tiny_target, "t"), None, "none")
+def test_head_drafters_greedy_equal_plain(tiny_target, heads, method, k, top_k, nodes, device):
+    plain = Decoder(loaded(tiny_target, "t"), None, "none", device=device)
     spec = Decoder(loaded(tiny_target, "t"), None, method, k, head=str(heads / method), tree_top_k=top_k,
-                   tree_nodes=nodes)
+                   tree_nodes=nodes, device=device)
     accepted = 0
     for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [4]):
         out = spec.generate(prompt, max_new_tokens=40)
@@ -56,10 +58,10 @@ def test_eagle_drafts_deeper_than_one_level_get_accepted(tiny_target, heads):
     assert out.stats.mean_accepted_tokens > 1.5
 
 
-def test_head_drafters_through_the_hf_runner(tiny_target, heads):
-    plain = Decoder(loaded(tiny_target, "t"), None, "none", runner="hf").generate([3, 1, 4, 1, 5], 30)
+def test_head_drafters_through_the_transformers_backend(tiny_target, heads):
+    plain = Decoder(loaded(tiny_target, "t"), None, "none", backend="hf").generate([3, 1, 4, 1, 5], 30)
     for method in ("medusa", "eagle"):
-        out = Decoder(loaded(tiny_target, "t"), None, method, 3, head=str(heads / method), runner="hf"
+        out = Decoder(loaded(tiny_target, "t"), None, method, 3, head=str(heads / method), backend="hf"
                       ).generate([3, 1, 4, 1, 5], 30)
         assert out.token_ids == plain.token_ids and out.stats.accepted_tokens > 0
 
@@ -74,7 +76,7 @@ def test_missing_or_mismatched_heads_are_refused(tiny_target, heads, tmp_path):
     other = tiny_llama(seed=5, vocab=40)
     with pytest.raises(QuickdraftError, match="was trained for 't'"):
         Decoder(loaded(other, "other"), None, "eagle", head=str(heads / "eagle"))
-    with pytest.raises(QuickdraftError, match=">= 1"):
+    with pytest.raises(QuickdraftError, match="tree_nodes must be in 1..256, got 0"):
         Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(heads / "eagle"), tree_nodes=0)
 
 
@@ -127,7 +129,7 @@ def test_batched_head_drafters_equal_each_alone(tiny_target, heads, method, prec
     scheduler = Scheduler(decoder, max_batch=3, max_queue=8)
     collectors = [Collector() for _ in PROMPTS]
     for collector, prompt, (name, k), length in zip(collectors, PROMPTS, jobs, lengths):
-        scheduler.submit(collector.job(prompt, length, name, k))
+        scheduler.submit(collector.job(prompt, length, name, k=k))
     scheduler.start()
     for collector in collectors:
         assert collector.done.wait(60)
@@ -142,7 +144,7 @@ def test_full_vocabulary_drafting_stays_exact(tiny_target, heads):
     for method in ("medusa", "eagle"):
         for full, size in ((False, 24), (True, 32)):
             decoder = Decoder(loaded(tiny_target, "t"), None, method, 3, head=str(heads / method), full_vocab=full)
-            head = decoder._drafter.heads if method == "medusa" else decoder._drafter.head
+            head = decoder.drafter.heads if method == "medusa" else decoder.drafter.head
             assert head.vocab.numel() == size and head.logits_layer.inner.out_features == size
             assert decoder.generate([2, 7, 1, 8], 30).token_ids == plain.token_ids
 

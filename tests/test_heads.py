@@ -126,8 +126,8 @@ def test_eagle_training_lowers_the_loss_and_saves(tiny_target, tiny_shards, tmp_
     hidden, tokens = torch.randn(1, 5, tiny_target.config.hidden_size), torch.tensor([[1, 2, 3, 4, 5]])
     mask = torch.ones(5, 5, dtype=torch.bool).tril()[None]
     with torch.no_grad():
-        assert torch.equal(head(hidden, tokens, torch.arange(5)[None], mask)[0],
-                           trained(hidden, tokens, torch.arange(5)[None], mask)[0])
+        assert torch.equal(head(hidden, tokens, torch.arange(5)[None], mask),
+                           trained(hidden, tokens, torch.arange(5)[None], mask))
 
 
 def test_eagle_head_with_a_cache_equals_one_pass():
@@ -135,11 +135,17 @@ def test_eagle_head_with_a_cache_equals_one_pass():
     head = EagleHead(config, torch.randn(20, 16), torch.randn(20, 16), torch.arange(20)).eval()
     hidden, tokens, positions = torch.randn(1, 6, 16), torch.randint(20, (1, 6)), torch.arange(6)[None]
     causal = torch.ones(6, 6, dtype=torch.bool).tril()[None]
+    cache = head.new_cache(64)
     with torch.no_grad():
-        whole = head(hidden, tokens, positions, causal)[0]
-        first, keys, values = head(hidden[:, :4], tokens[:, :4], positions[:, :4], causal[:, :4, :4])
-        rest = head(hidden[:, 4:], tokens[:, 4:], positions[:, 4:], causal[:, 4:], (keys, values))[0]
-    assert torch.allclose(torch.cat([first, rest], 1), whole, atol=1e-5)
+        whole = head(hidden, tokens, positions, causal)
+        first = head(hidden[:, :4], tokens[:, :4], positions[:, :4], causal[:, :4, :4], cache)
+        cache.advance(4)
+        tree = head(hidden[:, 4:], tokens[:, 4:], positions[:, 4:], causal[:, 4:], cache)  # tried, then dropped
+        cache.advance(2)
+        cache.truncate(4)  # as a drafter drops its tree's entries: a pointer move
+        rest = head(hidden[:, 4:], tokens[:, 4:], positions[:, 4:], causal[:, 4:], cache)
+    assert cache.capacity >= 6 and cache.length == 4
+    assert torch.allclose(torch.cat([first, rest], 1), whole, atol=1e-5) and torch.equal(tree, rest)
 
 
 def test_train_command_refuses_evaluation_data_before_loading_anything(tmp_path, capsys):

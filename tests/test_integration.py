@@ -126,7 +126,7 @@ def test_cli_bad_input_is_one_line(capsys):
     assert main(["generate", "hi", "--k", "0"]) == 2
     assert main(["generate", "hi", "--target", "./no/such/model"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["quickdraft: error: k (draft tokens per step) must be >= 1, got 0",
+    assert err == ["quickdraft: error: argument --k: k must be in 1..64, got 0",
                    "quickdraft: error: model not found: no such file or folder ./no/such/model"]
 
 
@@ -141,15 +141,12 @@ def test_more_drafters_greedy_equal_plain_on_the_default(default, method, option
         assert decoder.generate(prompt, max_new_tokens=30).token_ids == reference, (method, prompt)
 
 
-def test_native_runner_matches_transformers_on_the_default(default):
-    from quickdraft.models.native import NativeRunner, NativeWeights
-    from quickdraft.models.runner import HFRunner
+def test_native_backend_matches_transformers_on_the_default(default):
+    from seq_util import hf, native as native_seq
 
     ids = default.encode(PROMPTS[0])
-    native = NativeRunner(NativeWeights.from_model(default.target.model))
-    reference = HFRunner(default.target.model)
-    for runner in (native, reference):
-        runner.reset()
+    native = native_seq(default.target.model)
+    reference = hf(default.target.model)
     steps = [("forward", ids), ("forward", [28]), ("forward", [198, 1313, 24]), ("truncate", len(ids) + 1),
              ("forward", [42, 43])]
     for op, arg in steps:
@@ -175,7 +172,7 @@ def test_bench_command_on_the_default_target(tmp_path, capsys):
     assert "| prompt-lookup |" in out and "| transformers generate |" in out
     report = (tmp_path / "report.md").read_text()
     assert "## qa" in report and "Every quickdraft method produced its reference's tokens" in report
-    assert "| prompt-lookup:precision=int4 |" in report and "0/1 vs none:precision=int4,runner=auto |" in report
+    assert "| prompt-lookup:precision=int4 |" in report and "0/1 vs none:precision=int4,backend=auto |" in report
     raw = json.loads((tmp_path / "results.json").read_text())
     assert raw["summaries"]["overall"]["transformers generate"]["mismatches"] == []
     assert all((tmp_path / name).is_file() for name in ("speedup_by_category.png", "acceptance_by_position.png",
@@ -183,7 +180,7 @@ def test_bench_command_on_the_default_target(tmp_path, capsys):
 
 
 def test_gguf_4_bit_blocks_are_exactly_the_loaded_weights(default):
-    """The int4 runner takes the file's own Q4_1 blocks; they dequantize to the very weights
+    """The int4 backend takes the file's own Q4_1 blocks; they dequantize to the very weights
     transformers loaded (including its q/k row permutation)."""
     from quickdraft.models.gguf_blocks import read_int4_blocks
     from quickdraft.models.quantize import dequantize_int4
@@ -198,11 +195,12 @@ def test_gguf_4_bit_blocks_are_exactly_the_loaded_weights(default):
 @pytest.mark.parametrize("precision, max_kl", [("bf16", 0.01), ("int8", 0.03), ("int4", 0.02)])
 def test_each_precision_stays_close_to_fp32_on_the_default(default, precision, max_kl):
     """Stated tolerances (measured 0.002 / 0.009 / 0.004 mean KL, 97% top-1 agreement each)."""
-    from quickdraft.models.select import make_runner
+    from quickdraft.backends.select import make_backend
+    from seq_util import Seq
 
     ids = default.encode(PROMPTS[0] + " " + PROMPTS[1])
-    fp32 = make_runner(default.target, "native", precision="fp32").forward(ids)
-    low = make_runner(default.target, "native", precision=precision).forward(ids)
+    fp32 = Seq(make_backend(default.target, "native", precision="fp32")).forward(ids)
+    low = Seq(make_backend(default.target, "native", precision=precision)).forward(ids)
     p, q = torch.log_softmax(fp32, -1), torch.log_softmax(low, -1)
     assert (p.exp() * (p - q)).sum(-1).mean() < max_kl
     assert (fp32.argmax(-1) == low.argmax(-1)).float().mean() >= 0.9

@@ -6,7 +6,6 @@ import quickdraft
 from quickdraft import QuickdraftError
 from quickdraft.models.loading import load_model
 
-from conftest import tiny_llama
 
 
 def test_missing_path_is_a_one_line_error(tmp_path):

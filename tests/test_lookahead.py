@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from quickdraft import Decoder, QuickdraftError
+from quickdraft.drafters.base import DraftRequest, StepOutcome
 from quickdraft.drafters.lookahead import LookaheadDrafter, window_layout
 from quickdraft.sampling import SamplingParams
 
@@ -34,16 +35,19 @@ def test_each_window_token_sees_one_guess_per_earlier_position():
 
 def test_pool_collects_ngrams_and_window_slides():
     drafter = LookaheadDrafter(window=2, ngram=3, candidates=2)
-    drafter.begin([10, 11, 12, 13])
-    assert drafter.levels == [[10, 11], [12, 13]]
+    state = drafter.begin([10, 11, 12, 13], None)
+    assert state.levels == [[10, 11], [12, 13]]
     logits = torch.nn.functional.one_hot(torch.tensor([0, 1, 20, 21]), 32).float()  # [(N-1)*W, V]
-    drafter.observe(logits)
-    assert drafter.levels == [[12, 13], [20, 21]]
-    assert list(drafter.pool[10]) == [(12, 20)] and list(drafter.pool[11]) == [(13, 21)]
-    draft = drafter.propose([5, 10], 2, SamplingParams(), torch.Generator())
+    drafter.update(state, StepOutcome([10, 11, 12, 13, 5], (), None, logits))
+    assert state.levels == [[12, 13], [20, 21]]
+    assert list(state.pool[10]) == [(12, 20)] and list(state.pool[11]) == [(13, 21)]
+    [draft] = drafter.propose([DraftRequest(state, [5, 10], 2, SamplingParams(), torch.Generator())])
     assert draft.tokens == [12, 20] and draft.parents == [-1, 0]
     assert len(draft.aux_tokens) == 4 and draft.aux_mask.shape == (4, 4)
-    assert drafter.propose([5, 10], 1, SamplingParams(), torch.Generator()).tokens == [12]
+    assert drafter.propose([DraftRequest(state, [5, 10], 1, SamplingParams(), torch.Generator())])[0].tokens == [12]
+    other = drafter.begin([1, 2], None)  # the drafter holds no sequence's state: another one starts empty
+    assert other.pool == {} and drafter.propose([DraftRequest(other, [5, 10], 2, SamplingParams(),
+                                                               torch.Generator())])[0].tokens == []
 
 
 def test_bad_settings_are_refused():

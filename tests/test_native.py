@@ -1,4 +1,4 @@
-"""The native runner computes what the transformers runner computes, within fp32 rounding."""
+"""The native backend computes what the transformers backend computes, within fp32 rounding."""
 
 import pytest
 import torch
@@ -6,12 +6,13 @@ from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausa
 
 from quickdraft import Decoder, QuickdraftError
 from quickdraft.models.loading import LoadedModel
-from quickdraft.models.native import NativeRunner, NativeWeights, supports
-from quickdraft.models.runner import HFRunner
-from quickdraft.models.select import make_runner
+from quickdraft.backends.hf import HFBackend
+from quickdraft.backends.select import make_backend
+from quickdraft.models.native import NativeWeights, supports
 from quickdraft.tree import tree_mask
 
 from conftest import loaded, tiny_llama
+from seq_util import hf, native
 
 
 def tiny_qwen2(seed: int = 4) -> Qwen2ForCausalLM:
@@ -34,7 +35,7 @@ MODELS = {"llama": lambda: tiny_llama(seed=1), "qwen2": tiny_qwen2,
 @pytest.mark.parametrize("name", MODELS)
 def test_native_matches_transformers_through_a_whole_session(name):
     model = MODELS[name]()
-    native, reference = NativeRunner(NativeWeights.from_model(model)), HFRunner(model)
+    ours, reference = native(model), hf(model)
     script = [
         ("forward", [5, 1, 4, 1, 5, 9, 2]),  # prefill
         ("forward", [6]),  # one-token decode
@@ -42,55 +43,51 @@ def test_native_matches_transformers_through_a_whole_session(name):
         ("truncate", 9),  # rollback
         ("forward", [7, 7]),
     ]
-    for runner in (native, reference):
-        runner.reset()
     for op, arg in script:
         if op == "truncate":
-            native.truncate(arg)
+            ours.truncate(arg)
             reference.truncate(arg)
             continue
-        assert torch.allclose(native.forward(arg), reference.forward(arg), atol=1e-4), (name, op, arg)
+        assert torch.allclose(ours.forward(arg), reference.forward(arg), atol=1e-4), (name, op, arg)
     # A tree pass with explicit positions and mask, then keeping one path.
     parents = [-1, 0, -1, 2]
-    start = native.length
+    start = ours.length
     mask = torch.cat([torch.ones(5, start, dtype=torch.bool), tree_mask(parents)], dim=1)
     positions = [start, start + 1, start + 2, start + 1, start + 2]
-    a = native.forward([3, 1, 2, 8, 9], positions=positions, mask=mask)
+    a = ours.forward([3, 1, 2, 8, 9], positions=positions, mask=mask)
     b = reference.forward([3, 1, 2, 8, 9], positions=positions, mask=mask)
     assert torch.allclose(a, b, atol=1e-4)
     keep = [*range(start + 1), start + 3, start + 4]
-    native.keep(keep)
+    ours.keep(keep)
     reference.keep(keep)
-    assert native.length == reference.length == start + 3
-    assert torch.allclose(native.forward([4]), reference.forward([4]), atol=1e-4)
+    assert ours.length == reference.length == start + 3
+    assert torch.allclose(ours.forward([4]), reference.forward([4]), atol=1e-4)
 
 
 def test_rollback_is_a_pointer_and_equals_a_fresh_forward():
     model = tiny_llama(seed=1)
-    runner = NativeRunner(NativeWeights.from_model(model))
-    runner.reset()
-    runner.forward([1, 2, 3, 4, 5, 6])
-    runner.truncate(3)
-    again = runner.forward([4, 5, 6])
-    runner.reset()
-    assert torch.allclose(again, runner.forward([1, 2, 3, 4, 5, 6])[3:], atol=1e-5)
+    seq = native(model)
+    seq.forward([1, 2, 3, 4, 5, 6])
+    seq.truncate(3)
+    again = seq.forward([4, 5, 6])
+    seq.reset()
+    assert torch.allclose(again, seq.forward([1, 2, 3, 4, 5, 6])[3:], atol=1e-5)
 
 
 def test_cache_grows_past_its_first_allocation():
     model = tiny_llama(seed=1, max_positions=600)
-    native, reference = NativeRunner(NativeWeights.from_model(model)), HFRunner(model)
-    for runner in (native, reference):
-        runner.reset()
-        runner.forward(list(range(1, 31)) * 9)  # 270 tokens: past the first 256 slots
-    assert torch.allclose(native.forward([3]), reference.forward([3]), atol=1e-4)
+    ours, reference = native(model), hf(model)
+    for seq in (ours, reference):
+        seq.forward(list(range(1, 31)) * 9)  # 270 tokens: past the first 256 slots
+    assert torch.allclose(ours.forward([3]), reference.forward([3]), atol=1e-4)
 
 
 @pytest.mark.parametrize("method", ["draft", "prompt-lookup", "self-spec", "lookahead"])
-def test_speculation_on_the_native_runner_equals_plain_transformers_decoding(tiny_target, tiny_draft, method):
-    plain = Decoder(loaded(tiny_target, "t"), None, "none", runner="hf")
+def test_speculation_on_the_native_backend_equals_plain_transformers_decoding(tiny_target, tiny_draft, method):
+    plain = Decoder(loaded(tiny_target, "t"), None, "none", backend="hf")
     draft = loaded(tiny_draft, "d") if method == "draft" else None
     options = {"layers": 1} if method == "self-spec" else {}
-    spec = Decoder(loaded(tiny_target, "t"), draft, method, 3, runner="native", **options)
+    spec = Decoder(loaded(tiny_target, "t"), draft, method, 3, backend="native", **options)
     for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9]):
         assert spec.generate(prompt, max_new_tokens=33).token_ids == plain.generate(prompt, max_new_tokens=33).token_ids
 
@@ -99,29 +96,28 @@ def test_unsupported_architecture_falls_back_or_is_refused():
     config = GPT2Config(vocab_size=32, n_embd=16, n_layer=1, n_head=2, n_positions=64)
     gpt2 = LoadedModel(GPT2LMHeadModel(config).eval(), None, "gpt2-tiny")
     assert not supports(gpt2.model)
-    assert isinstance(make_runner(gpt2, "auto"), HFRunner)
-    with pytest.raises(QuickdraftError, match="native runner supports"):
-        make_runner(gpt2, "native")
-    with pytest.raises(QuickdraftError, match="unknown runner"):
-        make_runner(gpt2, "fast")
+    assert isinstance(make_backend(gpt2, "auto"), HFBackend)
+    with pytest.raises(QuickdraftError, match="native backend supports"):
+        make_backend(gpt2, "native")
+    with pytest.raises(QuickdraftError, match="unknown backend"):
+        make_backend(gpt2, "fast")
     out = Decoder(gpt2, None, "prompt-lookup", 3).generate([1, 2, 3, 1, 2], max_new_tokens=10)
     assert len(out.token_ids) == 10
 
 
-def test_native_weights_are_extracted_once_per_model(tiny_target):
+def test_backends_and_weights_are_made_once_per_model(tiny_target):
     target = loaded(tiny_target, "t")
-    first = make_runner(target)
-    second = make_runner(target, layers=[0])
-    assert first.weights is second.weights
+    first = make_backend(target)
+    second = make_backend(target, layers=[0])
+    assert first.weights is second.weights and first.plan is second.plan
+    assert make_backend(target) is first
+    a, b = Decoder(target, None, "prompt-lookup"), Decoder(target, None, "none").with_method("lookahead")
+    assert a.target_backend is b.target_backend is first
 
 
 def test_bf16_logits_stay_close_to_fp32(tiny_target):
     tokens = [5, 1, 4, 1, 5, 9, 2, 6, 5, 3]
-    fp32 = NativeRunner(NativeWeights.from_model(tiny_target))
-    bf16 = NativeRunner(NativeWeights.from_model(tiny_target, "bf16"))
-    for runner in (fp32, bf16):
-        runner.reset()
-    a, b = fp32.forward(tokens), bf16.forward(tokens)
+    a, b = native(tiny_target).forward(tokens), native(tiny_target, "bf16").forward(tokens)
     # bfloat16 keeps 8 bits of mantissa: logits agree to a few percent of their spread.
     assert (a - b).abs().max() < 0.05 * (a.max() - a.min())
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.9
@@ -131,9 +127,9 @@ def test_bf16_logits_stay_close_to_fp32(tiny_target):
     assert len(out.token_ids) == 20
 
 
-def test_bf16_needs_the_native_runner(tiny_target):
-    with pytest.raises(QuickdraftError, match="native runner"):
-        Decoder(loaded(tiny_target, "t"), None, "none", runner="hf", precision="bf16")
+def test_bf16_needs_the_native_backend(tiny_target):
+    with pytest.raises(QuickdraftError, match="native backend"):
+        Decoder(loaded(tiny_target, "t"), None, "none", backend="hf", precision="bf16")
     with pytest.raises(QuickdraftError, match="unknown precision"):
         Decoder(loaded(tiny_target, "t"), None, "none", precision="fp8")
 
@@ -153,37 +149,10 @@ def test_packed_linear_matches_f_linear_for_every_row_count():
 
 def test_unpacked_weights_compute_the_same_logits():
     model = tiny_llama(seed=2)
-    packed = NativeRunner(NativeWeights.from_model(model))
+    packed = native(model)
     plain_weights = NativeWeights.from_model(model, pack=False)
     assert all(layer.qkv._packed is None for layer in plain_weights.layers)
-    plain = NativeRunner(plain_weights)
+    plain = native(model, weights=plain_weights)
     tokens = [5, 9, 2, 7, 1, 3, 8, 4]
     assert torch.allclose(packed.forward(tokens), plain.forward(tokens), atol=1e-4)
     assert torch.allclose(packed.forward([6]), plain.forward([6]), atol=1e-4)
-
-
-def test_a_batched_pass_equals_each_sequence_alone():
-    from quickdraft.models.native import Segment, forward_batch
-
-    weights = NativeWeights.from_model(tiny_llama(seed=3))
-    prompts = [[1, 2, 3, 4, 5], [9, 8], [7, 7, 7, 1, 2, 3, 4, 5, 6]]
-    alone, batched = [NativeRunner(weights) for _ in prompts], [NativeRunner(weights) for _ in prompts]
-    for runner, prompt in zip(alone + batched, prompts + prompts):
-        runner.forward(prompt)
-    tree_mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # root, two children
-    passes = [dict(tokens=[3]), dict(tokens=[4, 5, 6, 7]),
-              dict(tokens=[1, 2, 3], positions=[9, 10, 10], mask=torch.cat([torch.ones(3, 9, dtype=torch.bool),
-                                                                             tree_mask], dim=1))]
-    expected = [runner.forward(**p) for runner, p in zip(alone, passes)]
-    got = forward_batch([Segment(runner, **p) for runner, p in zip(batched, passes)])
-    for e, g in zip(expected, got):
-        assert e.shape == g.shape and torch.allclose(e, g, atol=1e-4)
-    assert [r.length for r in batched] == [r.length for r in alone] == [6, 6, 12]
-    # Ragged continuation: each sequence rolls back on its own, then decodes on in one batch.
-    for runner in (alone[1], batched[1]):
-        runner.truncate(3)
-    expected = [runner.forward([5]) for runner in alone]
-    got = forward_batch([Segment(runner, [5]) for runner in batched])
-    assert all(torch.allclose(e, g, atol=1e-4) for e, g in zip(expected, got))
-    with pytest.raises(ValueError, match="once"):
-        forward_batch([Segment(batched[0], [1]), Segment(batched[0], [2])])

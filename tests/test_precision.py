@@ -1,4 +1,4 @@
-"""Each precision of the native runner: logits within a stated tolerance of fp32, and greedy
+"""Each precision of the native backend: logits within a stated tolerance of fp32, and greedy
 speculation equal, token for token, to plain greedy decoding at the same precision."""
 
 import copy
@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from quickdraft import Decoder, QuickdraftError
-from quickdraft.models.native import NativeRunner, NativeWeights
+from quickdraft.backends.native import NativeBackend
+from quickdraft.models.native import NativeWeights
 from quickdraft.models.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 from quickdraft.models.quantized_linear import Int4Linear, Int8Linear
 
+from seq_util import Seq, native
 from conftest import loaded, tiny_llama
 from test_native import tiny_qwen2
 
@@ -19,7 +21,7 @@ TOKENS = [5, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
 
 def on_quantized_values(model: torch.nn.Module, kind: str) -> torch.nn.Module:
     """A copy whose layer weights are their int8/int4 values (the LM head its int8 values), in fp32:
-    what the quantized runner computes, minus its bf16 arithmetic."""
+    what the quantized backend computes, minus its bf16 arithmetic."""
     copied = copy.deepcopy(model)
     with torch.no_grad():
         for name, module in copied.named_modules():
@@ -34,8 +36,8 @@ def on_quantized_values(model: torch.nn.Module, kind: str) -> torch.nn.Module:
 def test_logits_stay_within_bf16_rounding_of_fp32_on_the_same_weight_values(precision):
     model = tiny_llama(seed=1)
     reference_model = model if precision == "bf16" else on_quantized_values(model, precision)
-    fp32 = NativeRunner(NativeWeights.from_model(reference_model)).forward(TOKENS)
-    low = NativeRunner(NativeWeights.from_model(model, precision)).forward(TOKENS)
+    fp32 = native(reference_model).forward(TOKENS)
+    low = native(model, precision).forward(TOKENS)
     spread = fp32.max(-1).values - fp32.min(-1).values  # [n]
     # Stated tolerance: bf16 activations keep 8 bits of mantissa; over 2 layers every logit
     # stays within 5% of its row's spread of the fp32 logits (measured: 2.2% bf16).
@@ -58,9 +60,9 @@ def test_quantized_weights_are_what_each_precision_says():
 
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])
 def test_a_verify_pass_gives_each_token_the_logits_of_one_token_passes(precision):
-    weights = NativeWeights.from_model(tiny_llama(seed=1, max_positions=600), precision)
+    backend = NativeBackend(NativeWeights.from_model(tiny_llama(seed=1, max_positions=600), precision), "t")
     for prefix in (3, 250, 254):  # 250 + 8 crosses the first attention bucket (256 keys)
-        one, many = NativeRunner(weights), NativeRunner(weights)
+        one, many = Seq(backend), Seq(backend)
         prompt = [(7 * i) % 32 for i in range(prefix)]
         one.forward(prompt)
         many.forward(prompt)
@@ -75,18 +77,18 @@ def test_a_tree_pass_gives_each_node_the_logits_of_one_token_passes_along_its_pa
     from quickdraft.tree import ancestors, pass_layout
 
     model = tiny_llama(seed=1, max_positions=600, hidden=64)
-    weights = NativeWeights.from_model(model, precision)
+    backend = NativeBackend(NativeWeights.from_model(model, precision), "t")
     tokens, parents = [5, 6, 7, 8, 9, 3, 2], [-1, -1, -1, 1, 3, 0, 4]  # a bushy tree, depth 4
     for prefix in (40, 252):  # 252: paths cross the first attention bucket (256 keys)
         prompt = [(7 * i) % 32 for i in range(prefix)]
-        tree = NativeRunner(weights)
+        tree = Seq(backend)
         tree.forward(prompt[:-1])
         mask, offsets = pass_layout(parents, [], None)
         full = torch.cat([torch.ones(len(tokens) + 1, prefix - 1, dtype=torch.bool), mask], dim=1)
         rows = tree.forward([prompt[-1], *tokens], positions=[prefix - 1 + o for o in offsets], mask=full)
         for node in range(len(tokens)):
             path = [tokens[a] for a in ancestors(node, parents)]
-            one = NativeRunner(weights)
+            one = Seq(backend)
             one.forward(prompt[:-1])
             alone = torch.cat([one.forward([t]) for t in [prompt[-1], *path]])
             assert torch.equal(rows[node + 1], alone[-1]), (prefix, node)
@@ -117,9 +119,9 @@ def test_qwen2_with_biases_and_fallbacks_speculates_exactly_at_int4():
     assert spec.generate(prompt, max_new_tokens=40).token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
 
 
-def test_low_precisions_need_the_native_runner(tiny_target):
+def test_low_precisions_need_the_native_backend(tiny_target):
     for precision in ("bf16", "int8", "int4"):
-        with pytest.raises(QuickdraftError, match="native runner"):
-            Decoder(loaded(tiny_target, "t"), None, "none", runner="hf", precision=precision)
+        with pytest.raises(QuickdraftError, match="native backend"):
+            Decoder(loaded(tiny_target, "t"), None, "none", backend="hf", precision=precision)
     with pytest.raises(QuickdraftError, match="unknown precision 'fp8'; choose one of: fp32, bf16, int8, int4"):
         Decoder(loaded(tiny_target, "t"), None, "none", precision="fp8")

@@ -6,9 +6,9 @@ import torch
 from quickdraft import Decoder, QuickdraftError
 from quickdraft.calibrate import calibrate_self_spec, candidate_depths
 from quickdraft.models.layer_subset import layer_subset_model, resolve_layers
-from quickdraft.models.runner import HFRunner
 
 from conftest import loaded, tiny_llama
+from seq_util import hf
 
 
 @pytest.fixture(scope="module")
@@ -25,21 +25,18 @@ def test_view_shares_weights_and_matches_a_truncated_model(deep_target):
     with torch.no_grad():
         states = deep_target(tokens, output_hidden_states=True).hidden_states[3]  # after layer 2
         reference = deep_target.lm_head(deep_target.model.norm(states))[0]
-    runner = HFRunner(view, cache_config=deep_target.config)
-    runner.reset()
+    runner = hf(view, cache_config=deep_target.config)
     assert torch.allclose(runner.forward(tokens[0].tolist()), reference, atol=1e-5)
 
 
 def test_skipping_layers_keeps_cache_slots_and_rolls_back(deep_target):
     view = layer_subset_model(deep_target, [0, 2, 5])
-    runner = HFRunner(view, cache_config=deep_target.config)
-    runner.reset()
+    runner = hf(view, cache_config=deep_target.config)
     runner.forward([1, 2, 3, 4])
     runner.forward([9, 9])
     runner.truncate(4)
     after = runner.forward([5])
-    fresh = HFRunner(view, cache_config=deep_target.config)
-    fresh.reset()
+    fresh = hf(view, cache_config=deep_target.config)
     assert torch.allclose(after, fresh.forward([1, 2, 3, 4, 5])[-1:], atol=1e-5)
 
 
@@ -47,8 +44,8 @@ def test_skipping_layers_keeps_cache_slots_and_rolls_back(deep_target):
 @pytest.mark.parametrize("layers", [2, [0, 3], [0, 1, 4, 5]])
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_self_spec_greedy_equals_plain(deep_target, layers, k, runner):
-    plain = Decoder(loaded(deep_target, "t"), None, "none", runner=runner)
-    spec = Decoder(loaded(deep_target, "t"), None, "self-spec", k, layers=layers, runner=runner)
+    plain = Decoder(loaded(deep_target, "t"), None, "none", backend=runner)
+    spec = Decoder(loaded(deep_target, "t"), None, "self-spec", k, layers=layers, backend=runner)
     for prompt in ([1, 2, 3], [7, 7, 8, 9, 7, 7]):
         assert spec.generate(prompt, max_new_tokens=29).token_ids == plain.generate(prompt, max_new_tokens=29).token_ids
 
@@ -66,12 +63,12 @@ def test_calibration_tries_each_depth_and_keeps_the_fastest(deep_target):
     base = Decoder(loaded(deep_target, "t"), None, "none")
     chosen = calibrate_self_spec(base, "self-spec", 3, tokens=12)
     assert set(chosen.calibration) == set(candidate_depths(6)) == {1, 2, 3}
-    assert chosen.options.layers == max(chosen.calibration, key=chosen.calibration.get)
+    assert chosen.config.layers == max(chosen.calibration, key=chosen.calibration.get)
     assert chosen.method == "self-spec" and chosen.k == 3
 
 
 def test_default_depth_is_a_quarter(deep_target):
-    native = Decoder(loaded(deep_target, "t"), None, "self-spec", runner="native")
-    assert native._drafter.runner.layer_ids == [0]
-    hf = Decoder(loaded(deep_target, "t"), None, "self-spec", runner="hf")
-    assert hf._drafter.runner.model.config.num_hidden_layers == 1
+    native = Decoder(loaded(deep_target, "t"), None, "self-spec", backend="native")
+    assert native.drafter.backend.layer_ids == [0]
+    hf = Decoder(loaded(deep_target, "t"), None, "self-spec", backend="hf")
+    assert hf.drafter.backend.model.config.num_hidden_layers == 1

@@ -96,7 +96,14 @@ def test_chat_streamed_and_not_with_a_stop_string(server, decoder):
     ({"model": "M", "prompt": "hi", "n": 2}, 400, "n=1"),
     ({"model": "M", "prompt": "hi", "quickdraft": {"method": "telepathy"}}, 400, "unknown method"),
     ({"model": "M", "prompt": "hi", "quickdraft": {"method": "draft"}}, 400, "needs a draft model"),
-    ({"model": "M", "prompt": "hi", "quickdraft": {"k": 0}}, 400, "quickdraft.k"),
+    ({"model": "M", "prompt": "hi", "quickdraft": {"k": 0}}, 400, "k must be in 1..64, got 0"),
+    ({"model": "M", "prompt": "hi", "quickdraft": {"k": 1180591620717411303424}}, 400, "k must be in 1..64"),
+    ({"model": "M", "prompt": "hi", "quickdraft": {"k": "four"}}, 400, "k must be an integer"),
+    ({"model": "M", "prompt": "hi", "quickdraft": {"colour": 3}}, 400, "unknown option 'colour'"),
+    ({"model": "M", "prompt": "hi", "quickdraft": {"method": "lookahead", "max_ngram": 3}}, 400,
+     "does not apply to method 'lookahead'"),
+    ({"model": "M", "prompt": "hi", "quickdraft": {"method": "prompt-lookup:k=2,k_max=999"}}, 400, "k_max must be"),
+    ({"model": "M", "prompt": "hi", "quickdraft": {"precision": "int4"}}, 400, "set when the server starts"),
     ({"model": "M", "prompt": "word " * 9000, "max_tokens": 16}, 400, "context length"),
     ({"model": "M", "prompt": ""}, 400, "empty"),
 ])
@@ -106,6 +113,8 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, dec
     assert response.status_code == status
     error = response.json()["error"]
     assert fragment in error["message"] and error["type"]
+    if "quickdraft" in body:  # the error names the option at fault
+        assert error["param"].startswith("quickdraft")
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
 
 

@@ -34,7 +34,7 @@ def bench(
 ) -> dict[str, Path]:
     """Time `methods` (specs, or "all") against method none and the peers; write report, JSON, plots.
 
-    decoder: a loaded Decoder whose target, draft, runner and precision every method shares.
+    decoder: a loaded Decoder whose target, draft, backend and precision every method shares.
     peers: which peer libraries run ("transformers", "llama.cpp"; llama.cpp when installed)
     quick: one prompt per category and 48 new tokens unless given (a few minutes on a laptop CPU)."""
     per_category = per_category or (QUICK_PER_CATEGORY if quick else FULL_PER_CATEGORY)
@@ -54,7 +54,7 @@ def bench(
         contenders += llama_cpp_peers(decoder.target.gguf, decoder.eos_ids)
     result = run_bench(encoded, contenders, settings, progress)
     summaries = summarise_all(result)
-    header = {"target": decoder.target.name, "precision": decoder.precision, "runner": decoder.runner,
+    header = {"target": decoder.target.name, "precision": decoder.precision, "backend": decoder.backend_kind,
               "prompts": str(source) if source else "the built-in prompt set",
               "methods": methods, "peers": list(peers)}
     return write_report(output, result, summaries, header)

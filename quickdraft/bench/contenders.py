@@ -6,7 +6,6 @@ it up from there.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -14,9 +13,9 @@ from quickdraft.decoder import Decoder
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.store import has_head
 from quickdraft.methods import METHODS, get_method
+from quickdraft.options import parse_spec as options_spec
 
 BASELINE = "none"
-TEXT_SETTINGS = ("draft_length", "runner", "precision", "head", "tree")  # settings whose values are names, not numbers
 
 
 @dataclass
@@ -62,38 +61,11 @@ class MethodContender:
 def parse_spec(spec: str) -> list[tuple[str, str, dict]]:
     """'METHOD[:key=value,...]' -> [(name, method, settings)]; a value 'a/b/c' expands to one each.
 
-    Keys: k, draft_length, k_max, runner, precision and the DrafterOptions fields (layers takes L
-    or layers joined by '+', e.g. layers=0+1+2)."""
-    method, _, rest = spec.partition(":")
-    get_method(method)
-    choices: list[list[tuple[str, object]]] = []
-    for item in filter(None, rest.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or not value:
-            raise QuickdraftError(f"bad method setting {item!r} in {spec!r}; expected key=value")
-        choices.append([(key, _setting_value(key, v)) for v in value.split("/")])
-    expanded = []
-    for combination in itertools.product(*choices):
-        settings = dict(combination)
-        label = ",".join(f"{key}={_label(value)}" for key, value in combination)
-        expanded.append((f"{method}:{label}" if label else method, method, settings))
+    Keys: any option of quickdraft.options.OPTIONS (layers takes L or layers joined by '+',
+    e.g. layers=0+1+2)."""
+    expanded = options_spec(spec, expand=True)
+    get_method(expanded[0][1])
     return expanded
-
-
-def _setting_value(key: str, value: str) -> object:
-    if key in TEXT_SETTINGS:
-        return value
-    if key == "layers":
-        return [int(v) for v in value.split("+")] if "+" in value else int(value)
-    try:
-        number = float(value)
-    except ValueError:
-        raise QuickdraftError(f"setting {key}={value!r} must be a number") from None
-    return int(number) if number.is_integer() else number
-
-
-def _label(value: object) -> str:
-    return "+".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def method_contenders(base: Decoder, specs: list[str]) -> list[MethodContender]:
@@ -101,8 +73,8 @@ def method_contenders(base: Decoder, specs: list[str]) -> list[MethodContender]:
 
     "all" stands for every method with its defaults (draft only when a draft model is loaded,
     eagle and medusa only when heads are shipped for the target).
-    A method at another precision or runner than the baseline's is checked against plain
-    decoding at that precision and runner (none:precision=...,runner=...), added if not asked for."""
+    A method at another precision or backend than the baseline's is checked against plain
+    decoding at that precision and backend (none:precision=...,backend=...), added if not asked for."""
     expanded: list[tuple[str, str, dict]] = []
     for spec in specs:
         if spec == "all":
@@ -112,16 +84,16 @@ def method_contenders(base: Decoder, specs: list[str]) -> list[MethodContender]:
         else:
             expanded += parse_spec(spec)
     contenders = [MethodContender(BASELINE, base.with_method(BASELINE))]
-    plain = {(base.precision, base.runner): BASELINE}  # (precision, runner) -> its plain decoding
+    plain = {(base.precision, base.backend_kind): BASELINE}  # (precision, backend) -> its plain decoding
 
     def add(name: str, method: str, settings: dict) -> MethodContender:
         settings = dict(settings)
         decoder = base.with_method(method, settings.pop("k", None), **settings)
-        key = (decoder.precision, decoder.runner)
+        key = (decoder.precision, decoder.backend_kind)
         if method == BASELINE:
             plain.setdefault(key, name)
         elif key not in plain:
-            add(*parse_spec(f"{BASELINE}:precision={key[0]},runner={key[1]}")[0])
+            add(*parse_spec(f"{BASELINE}:precision={key[0]},backend={key[1]}")[0])
         contender = MethodContender(name, decoder, plain[key])
         contenders.append(contender)
         return contender

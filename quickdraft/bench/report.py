@@ -60,14 +60,14 @@ def markdown(result: BenchResult, summaries: dict[str, dict[str, Summary]], head
     categories = [g for g in summaries if g != OVERALL]
     lines = [
         "# quickdraft bench", "",
-        f"Target: {header['target']} ({header['precision']}, {header['runner']} runner); "
+        f"Target: {header['target']} ({header['precision']}, {header['backend']} backend); "
         f"{len(result.prompts)} prompts from {header['prompts']} ({', '.join(categories)}); {sampling}; "
         f"at most {s.max_new_tokens} new tokens; {s.repeats} repeat(s); {header['date']}; {header['machine']}.",
         "",
         "tok/s: new tokens (EOS included) over the whole call, prefill included; the median over prompts "
-        "(each prompt: the median of its repeats). Speedup: that median over method none's (same runner, "
+        "(each prompt: the median of its repeats). Speedup: that median over method none's (same backend, "
         "same prompts, run back to back). Mean accepted length: new tokens per target pass. Greedy "
-        "outputs are checked against plain decoding at the same precision and runner (the reference).",
+        "outputs are checked against plain decoding at the same precision and backend (the reference).",
         "",
         f"## {OVERALL}", "",
         *table(summaries[OVERALL], result.greedy, methods, with_prediction=True),

@@ -1,6 +1,6 @@
 """Drafters, one file per method, all behind the Drafter interface in base.py."""
 
-from quickdraft.drafters.base import Draft, Drafter, NoDrafter
+from quickdraft.drafters.base import Draft, Drafter, DraftRequest, NoDrafter, StepOutcome
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.lookahead import LookaheadDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter, lookup_continuation
@@ -8,9 +8,11 @@ from quickdraft.drafters.prompt_lookup import PromptLookupDrafter, lookup_contin
 __all__ = [
     "Draft",
     "DraftModelDrafter",
+    "DraftRequest",
     "Drafter",
     "LookaheadDrafter",
     "NoDrafter",
     "PromptLookupDrafter",
+    "StepOutcome",
     "lookup_continuation",
 ]

@@ -1,9 +1,15 @@
-"""The drafter interface: propose draft tokens, then learn which were accepted."""
+"""The drafter interface: a shared part that proposes drafts for many sequences at once, and
+per-sequence state that it hands out at begin() and is given back in every call.
+
+A drafter object is built once per decoder from parts loaded once per process (a draft
+backend, trained heads, options); it never holds a sequence's state itself, so one drafter
+serves every sequence of its method, and a step drafts for all of them in one call.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -20,7 +26,7 @@ class Draft:
     aux_tokens: extra inputs the target runs in the same pass for the drafter's own use
     (Lookahead's Jacobi window); they are never accepted. aux_offsets are their positions
     after the root, aux_mask [A, A] who among them attends to whom (all see the root and
-    the prefix). Their logits come back through the drafter's observe().
+    the prefix). Their logits come back in the step's outcome.
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -45,59 +51,72 @@ class Draft:
         return Draft(self.tokens[:m], probs, None if self.parents is None else self.parents[:m])
 
 
+@dataclass
+class DraftRequest:
+    """One sequence asking for up to k draft tokens to follow `tokens` (prompt + every accepted token)."""
+
+    state: Any  # what the drafter's begin() returned for this sequence
+    tokens: list[int]
+    k: int
+    sampling: SamplingParams
+    generator: torch.Generator
+
+
+@dataclass
+class StepOutcome:
+    """What one target pass decided for a sequence; its drafter hears it once, after verification.
+
+    hidden: the target's last hidden states [1 + accepted, H] (after its final norm) at the root
+    and along the accepted path: row i is where the target predicted tokens[-(1 + accepted) + i]
+    (drafters with needs_hidden only). aux_logits: the target's logits [A, V] at the draft's aux
+    tokens (drafts that had some)."""
+
+    tokens: list[int]  # the sequence after the step
+    path: tuple[int, ...]  # indices of the accepted draft nodes, root to leaf
+    hidden: torch.Tensor | None = None
+    aux_logits: torch.Tensor | None = None
+
+
 class Drafter(Protocol):
-    """Anything that guesses the next tokens. One instance serves one sequence at a time."""
+    """Anything that guesses the next tokens, for any number of sequences."""
 
-    needs_hidden: bool  # True: the engine passes the target's hidden states to observe_hidden
+    needs_hidden: bool  # True: begin() and every outcome carry the target's hidden states
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        """Start a new sequence (reset state, prefill any cache with the prompt)."""
+    def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None) -> Any:
+        """A new sequence's state (e.g. a draft cache prefilled with the prompt). hidden: the
+        target's states [len(prompt) - 1, H] over the prompt (row i predicted prompt[i + 1]),
+        when needs_hidden and the prompt has more than one token."""
         ...
 
-    def propose(
-        self, tokens: list[int], k: int, sampling: SamplingParams, generator: torch.Generator
-    ) -> Draft:
-        """Up to k draft tokens to follow `tokens` (the prompt plus everything accepted)."""
+    def propose(self, requests: list[DraftRequest]) -> list[Draft]:
+        """One draft per request, in order (drafters with a model batch them into shared passes)."""
         ...
 
-    def rollback(self, tokens: list[int]) -> None:
-        """`tokens` is the sequence after verification: forget any state past its accepted part."""
-        ...
-
-    def observe(self, aux_logits: torch.Tensor) -> None:
-        """The target's logits [A, V] at the draft's aux tokens (only called when it had some)."""
-        ...
-
-    def observe_hidden(self, hidden: torch.Tensor) -> None:
-        """The target's last hidden states [m, H] (after its final norm) at the m positions before
-        the sequence's last m tokens: row i is where the target predicted tokens[-m + i]. Called
-        after begin (the prompt) and after rollback (the root and the accepted path), only when
-        needs_hidden."""
+    def update(self, state: Any, outcome: StepOutcome) -> None:
+        """Learn what the target accepted: roll back caches, grow pools, take hidden states."""
         ...
 
 
-class TokenDrafter:
-    """Defaults for drafters that read only tokens: no aux tokens, no hidden states, no state to roll back."""
+class SequenceDrafter:
+    """Defaults for drafters that draft each sequence on its own from its tokens, with no state."""
 
     needs_hidden = False
 
-    def rollback(self, tokens: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None) -> Any:
+        return None
+
+    def propose(self, requests: list[DraftRequest]) -> list[Draft]:
+        return [self.draft(request) for request in requests]
+
+    def draft(self, request: DraftRequest) -> Draft:
+        raise NotImplementedError
+
+    def update(self, state: Any, outcome: StepOutcome) -> None:
         pass
 
-    def observe(self, aux_logits: torch.Tensor) -> None:
-        pass
 
-    def observe_hidden(self, hidden: torch.Tensor) -> None:
-        pass
-
-
-class NoDrafter(TokenDrafter):
+class NoDrafter(SequenceDrafter):
     """Method "none": proposes nothing, so every target pass emits exactly one token."""
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        pass
-
-    def propose(
-        self, tokens: list[int], k: int, sampling: SamplingParams, generator: torch.Generator
-    ) -> Draft:
+    def draft(self, request: DraftRequest) -> Draft:
         return Draft()

@@ -1,56 +1,93 @@
-"""Draft-model drafting: a small LM of the same vocabulary guesses K tokens autoregressively."""
+"""Draft-model drafting: a small LM of the same vocabulary guesses K tokens autoregressively.
+
+Self-speculation is the same drafter over a backend that runs only the target's first layers.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from quickdraft.drafters.base import Draft, TokenDrafter
-from quickdraft.models.runner import Runner
-from quickdraft.sampling import SamplingParams, logits_to_probs, sample
+from quickdraft.backends.base import Backend, Cache, SeqPass
+from quickdraft.drafters.base import Draft, DraftRequest, StepOutcome
+from quickdraft.sampling import logits_to_probs, sample
 
 
-class DraftModelDrafter(TokenDrafter):
-    """Runs a draft model with its own KV cache and keeps its full distribution q per position.
+@dataclass
+class DraftModelState:
+    """One sequence's draft cache. It holds every accepted token except the last; tokens it has
+    not seen yet (the last accepted one, and after a fully accepted step the last draft and the
+    bonus token) are fed at the start of the next proposal, so nothing is recomputed after a
+    rollback. active is False when the prompt does not fit the draft's context: no drafts then."""
 
-    The cache holds every accepted token except the last; tokens it has not seen yet (the
-    last accepted one, and after a fully accepted step the last draft and the bonus token)
-    are fed at the start of the next proposal, so nothing is recomputed after a rollback.
-    """
+    cache: Cache
+    active: bool = True
 
-    def __init__(self, runner: Runner, confidence: float | None = None) -> None:
-        self.runner = runner
+
+class DraftModelDrafter:
+    """Runs a draft backend and keeps its full distribution q per position. Every sequence's
+    next draft token comes from one batched pass of the draft model."""
+
+    needs_hidden = False
+
+    def __init__(self, backend: Backend, confidence: float | None = None, target_vocab: int | None = None) -> None:
+        self.backend = backend
         self.confidence = confidence  # stop drafting once the draft's top probability falls below this
+        # Ids the target has and the draft lacks (a padded target vocabulary) reach the draft as a stand-in.
+        self.stand_in = min(int(getattr(backend.tokenizer, "unk_token_id", None) or 0), backend.vocab_size - 1)
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        self.runner.reset()
-        if len(prompt_ids) > 1:
-            self.runner.forward(prompt_ids[:-1], all_logits=False)
+    def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None) -> DraftModelState:
+        state = DraftModelState(self.backend.new_cache())
+        if len(prompt_ids) > self.backend.max_length:  # the draft's context is shorter than the prompt
+            state.active = False
+        elif len(prompt_ids) > 1:
+            self.backend.forward([SeqPass(state.cache, self._known(prompt_ids[:-1]), logits="none")])
+        return state
 
-    def propose(
-        self, tokens: list[int], k: int, sampling: SamplingParams, generator: torch.Generator
-    ) -> Draft:
-        pending = tokens[self.runner.length :]  # accepted tokens the draft cache lacks (>= 1)
-        room = self.runner.max_length - self.runner.length - len(pending) + 1
-        k = min(k, room)
-        draft_tokens: list[int] = []
-        draft_probs: list[torch.Tensor] = []
-        for _ in range(k):
-            logits = self.runner.forward(pending, all_logits=False)[-1]  # [V]
-            if sampling.greedy:
-                token = int(torch.argmax(logits).item())
-                top = torch.softmax(logits, dim=-1)[token] if self.confidence is not None else None
-            else:
-                probs = logits_to_probs(logits, sampling)  # [V], processed exactly like p
-                token = sample(probs, generator)
-                draft_probs.append(probs)
-                top = probs.max()
-            draft_tokens.append(token)
-            pending = [token]
-            if self.confidence is not None and float(top) < self.confidence:
-                break  # the draft is unsure: later guesses would rarely survive verification
-        probs = torch.stack(draft_probs) if draft_probs else None  # [K, V] or None
-        return Draft(draft_tokens, probs)
+    def propose(self, requests: list[DraftRequest]) -> list[Draft]:
+        drafts = [Draft() for _ in requests]
+        live: dict[int, tuple[list[int], int]] = {}  # request -> (tokens to feed, draft tokens wanted)
+        probs: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(requests))}
+        for i, r in enumerate(requests):
+            cache = r.state.cache
+            pending = r.tokens[cache.length :]  # accepted tokens the draft cache lacks (>= 1)
+            room = self.backend.max_length - cache.length - len(pending) + 1
+            # No drafts where the newest token is one the draft lacks: its guess would follow the stand-in.
+            if r.state.active and r.k >= 1 and room >= 1 and r.tokens[-1] < self.backend.vocab_size:
+                live[i] = (self._known(pending), min(r.k, room))
+        while live:
+            order = list(live)
+            outputs = self.backend.forward([SeqPass(requests[i].state.cache, live[i][0], logits="last")
+                                            for i in order])
+            logits = torch.cat([out.logits for out in outputs])  # [B, V'] the next token's logits each
+            greedy = [requests[i].sampling.greedy for i in order]
+            argmax = logits.argmax(-1).tolist() if any(greedy) else []  # one host read for every greedy row
+            for row, i in enumerate(order):
+                r = requests[i]
+                if r.sampling.greedy:
+                    token = argmax[row]
+                    top = torch.softmax(logits[row], dim=-1)[token] if self.confidence is not None else None
+                else:
+                    q = logits_to_probs(logits[row].cpu(), r.sampling)  # [V'], processed exactly like p
+                    token = sample(q, r.generator)
+                    probs[i].append(q)
+                    top = q.max()
+                drafts[i].tokens.append(token)
+                wanted = live[i][1]
+                if len(drafts[i].tokens) == wanted or (self.confidence is not None and float(top) < self.confidence):
+                    del live[i]  # done, or the draft is unsure: later guesses would rarely survive verification
+                else:
+                    live[i] = ([token], wanted)
+        for i, q in probs.items():
+            if q:
+                drafts[i].probs = torch.stack(q)  # [K, V']
+        return drafts
 
-    def rollback(self, tokens: list[int]) -> None:
+    def update(self, state: DraftModelState, outcome: StepOutcome) -> None:
         # Entries past len(tokens) - 1 belong to rejected drafts (or to the newest token).
-        self.runner.truncate(min(self.runner.length, len(tokens) - 1))
+        state.cache.truncate(min(state.cache.length, len(outcome.tokens) - 1))
+
+    def _known(self, tokens: list[int]) -> list[int]:
+        vocab = self.backend.vocab_size
+        return [t if t < vocab else self.stand_in for t in tokens]

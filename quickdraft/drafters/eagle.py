@@ -5,100 +5,104 @@ The head keeps a KV cache of pairs (f_t, x_{t+1}) for every position the target 
 (f_t: the target's state at t, x_{t+1}: the token that followed). Drafting first feeds the pairs
 the last pass produced; its last output predicts the state after the newest token, whose top
 tokens are the tree's first level. A node's own pair (its parent's predicted state, its token)
-then predicts its children. Tree entries are dropped after each proposal: only pairs built
-from the target's states stay in the cache.
+then predicts its children. Tree entries are dropped after each proposal (a pointer move):
+only pairs built from the target's states stay in the cache.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-from quickdraft.drafters.base import Draft
+from quickdraft.backends.kv_cache import KVCache
+from quickdraft.drafters.base import Draft, DraftRequest, SequenceDrafter, StepOutcome
 from quickdraft.drafters.head_tree import TreeShape, draft_tree
 from quickdraft.heads.eagle import EagleHead
-from quickdraft.sampling import SamplingParams
 from quickdraft.tree import ancestors
 
 
-class EagleDrafter:
+@dataclass
+class EagleState:
+    """One sequence's head cache (verified pairs at positions 0..length-1) and what waits to go in."""
+
+    cache: KVCache
+    tokens: list[int]
+    pending: list[tuple[torch.Tensor, list[int]]] = field(default_factory=list)  # (f rows [m, H], the m tokens after)
+    predicted: torch.Tensor | None = None  # [H]: the head's prediction after the newest token
+
+
+class EagleDrafter(SequenceDrafter):
     needs_hidden = True
 
-    def __init__(self, head: EagleHead, top_k: int = 4, nodes: int = 4, tree: str = "dynamic") -> None:
-        self.head = head
+    def __init__(self, head: EagleHead, max_length: int, top_k: int = 4, nodes: int = 4,
+                 tree: str = "dynamic") -> None:
+        self.head, self.max_length = head, max_length
         self.top_k, self.nodes, self.tree = top_k, nodes, tree
         TreeShape(1, top_k, nodes, tree)  # refuse bad settings now, not at the first step
-        self.tokens: list[int] = []
-        self.keys: torch.Tensor | None = None  # [1, KV, C, D]: the pairs at positions 0..C-1
-        self.values: torch.Tensor | None = None
-        self.pending: list[tuple[torch.Tensor, list[int]]] = []  # (f rows [m, H], the m tokens after them)
-        self.state: torch.Tensor | None = None  # [H]: the head's prediction after the newest token
 
-    @property
-    def cached(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
+    def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None) -> EagleState:
+        state = EagleState(self.head.new_cache(self.max_length), list(prompt_ids))
+        self._receive(state, hidden)
+        return state
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        self.tokens = list(prompt_ids)
-        self.keys = self.values = None
-        self.pending = []
-        self.state = None
+    def update(self, state: EagleState, outcome: StepOutcome) -> None:
+        state.tokens = list(outcome.tokens)  # the cache holds verified pairs only: nothing to drop
+        self._receive(state, outcome.hidden)
 
-    def observe_hidden(self, hidden: torch.Tensor) -> None:
-        self.pending.append((hidden.float(), self.tokens[len(self.tokens) - hidden.shape[0] :]))
-
-    def rollback(self, tokens: list[int]) -> None:
-        self.tokens = list(tokens)  # the cache holds verified pairs only: nothing to drop
-
-    def observe(self, aux_logits: torch.Tensor) -> None:
-        pass
+    def _receive(self, state: EagleState, hidden: torch.Tensor | None) -> None:
+        """Rows [m, H] where the target predicted the sequence's last m tokens: pairs to commit."""
+        if hidden is not None and hidden.shape[0]:
+            state.pending.append((hidden.float(), state.tokens[len(state.tokens) - hidden.shape[0] :]))
 
     @torch.inference_mode()
-    def propose(self, tokens: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
-        if self.pending:
-            self.state = self._commit()
-        if self.state is None or k < 1:  # no verified state yet (a one-token prompt)
+    def draft(self, request: DraftRequest) -> Draft:
+        state, k = request.state, request.k
+        if state.pending:
+            state.predicted = self._commit(state)
+        if state.predicted is None or k < 1:  # no verified state yet (a one-token prompt)
             return Draft()
-        state = self.state  # [H]: predicted state after the newest token
-        root = self.cached  # pairs cached: positions 0..root-1; the newest token sits at `root`
+        cache, device = state.cache, state.cache.device
+        root = cache.length  # pairs cached: positions 0..root-1; the newest token sits at `root`
         outputs: dict[int, torch.Tensor] = {}  # node -> predicted state after it
-        fed: list[int] = []  # tree nodes whose keys follow the cache, in order
-        tree_keys, tree_values = self.keys, self.values
+        fed: list[int] = []  # tree nodes whose keys follow the committed pairs, in order
 
         def expand(frontier: list[int], drafted: list[int], parents: list[int]) -> torch.Tensor:
-            nonlocal tree_keys, tree_values
             b = len(frontier)
-            states = torch.stack([state if parents[n] < 0 else outputs[parents[n]] for n in frontier])  # [F, H]
-            ids = self.head.vocab[torch.tensor([drafted[n] for n in frontier])]  # [F]
+            states = torch.stack([state.predicted if parents[n] < 0 else outputs[parents[n]] for n in frontier])
+            ids = self.head.vocab[torch.tensor([drafted[n] for n in frontier], device=device)]  # [F]
             depth = len(ancestors(frontier[0], parents))
-            positions = torch.full((b,), root + depth - 1)  # a node's pair sits where its parent's token does
-            mask = torch.ones(b, tree_keys.shape[2] + b, dtype=torch.bool)  # [F, cached + fed + F]
+            positions = torch.full((b,), root + depth - 1, device=device)  # a node's pair sits where its parent's token does
+            mask = torch.ones(b, cache.length + b, dtype=torch.bool)  # [F, committed + fed + F]
             for row, node in enumerate(frontier):
                 lineage = set(ancestors(node, parents))
                 mask[row, root : root + len(fed)] = torch.tensor([n in lineage for n in fed], dtype=torch.bool)
                 mask[row, root + len(fed) :] = False
                 mask[row, root + len(fed) + row] = True
-            out, k_new, v_new = self.head(states[None], ids[None], positions[None], mask[None],
-                                          (tree_keys, tree_values))
-            tree_keys, tree_values = torch.cat([tree_keys, k_new], 2), torch.cat([tree_values, v_new], 2)
+            out = self.head(states[None], ids[None], positions[None], mask[None].to(device), cache)[0]  # [F, H]
+            cache.advance(b)
             for row, node in enumerate(frontier):
-                outputs[node] = out[0, row]
+                outputs[node] = out[row]
             fed.extend(frontier)
-            return torch.log_softmax(self.head.logits(out[0]), dim=-1)  # [F, V']
+            return torch.log_softmax(self.head.logits(out), dim=-1)  # [F, V']
 
-        first = torch.log_softmax(self.head.logits(state), dim=-1)  # [V']
-        ids, parents = draft_tree(first, expand, TreeShape(k, self.top_k, self.nodes, self.tree))
+        first = torch.log_softmax(self.head.logits(state.predicted), dim=-1)  # [V']
+        try:
+            ids, parents = draft_tree(first, expand, TreeShape(k, self.top_k, self.nodes, self.tree))
+        finally:
+            cache.truncate(root)  # the tree's entries go: only verified pairs stay
         return Draft(self.head.vocab[ids].tolist(), None, parents)
 
-    def _commit(self) -> torch.Tensor:
+    def _commit(self, state: EagleState) -> torch.Tensor:
         """Feed the pending verified pairs into the cache; the last output (predicted next state)."""
-        hidden = torch.cat([h for h, _ in self.pending])  # [p, H]
-        ids = torch.tensor([t for _, ts in self.pending for t in ts])  # [p]
-        self.pending = []
-        p, start = hidden.shape[0], self.cached
-        positions = torch.arange(start, start + p)
-        mask = torch.ones(p, start + p, dtype=torch.bool).tril(diagonal=start)  # [p, C + p] causal
-        past = None if self.keys is None else (self.keys, self.values)
-        out, k_new, v_new = self.head(hidden[None], ids[None], positions[None], mask[None], past)
-        self.keys = k_new if self.keys is None else torch.cat([self.keys, k_new], 2)
-        self.values = v_new if self.values is None else torch.cat([self.values, v_new], 2)
+        cache = state.cache
+        device = cache.device
+        hidden = torch.cat([h for h, _ in state.pending]).to(device)  # [p, H]
+        ids = torch.tensor([t for _, ts in state.pending for t in ts], device=device)  # [p]
+        state.pending = []
+        p, start = hidden.shape[0], cache.length
+        positions = torch.arange(start, start + p, device=device)
+        mask = torch.ones(p, start + p, dtype=torch.bool, device=device).tril(diagonal=start)  # [p, C + p] causal
+        out = self.head(hidden[None], ids[None], positions[None], mask[None], cache)
+        cache.advance(p)
         return out[0, -1]

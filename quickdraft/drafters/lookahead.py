@@ -14,16 +14,24 @@ No draft model. Each target pass does two jobs at once:
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass, field
 
 import torch
 
-from quickdraft.drafters.base import Draft, TokenDrafter
+from quickdraft.drafters.base import Draft, DraftRequest, SequenceDrafter, StepOutcome
 from quickdraft.errors import QuickdraftError
-from quickdraft.sampling import SamplingParams
 from quickdraft.tree import trie_from_paths
 
 
-class LookaheadDrafter(TokenDrafter):
+@dataclass
+class LookaheadState:
+    """One sequence's Jacobi window and n-gram pool."""
+
+    levels: list[list[int]]  # N - 1 levels of W guessed tokens, oldest first
+    pool: dict[int, OrderedDict[tuple[int, ...], None]] = field(default_factory=dict)  # first token -> continuations
+
+
+class LookaheadDrafter(SequenceDrafter):
     """window W, ngram N (N >= 2), candidates G: the paper's three knobs."""
 
     def __init__(self, window: int = 4, ngram: int = 3, candidates: int = 4, pool_size: int = 8) -> None:
@@ -32,37 +40,34 @@ class LookaheadDrafter(TokenDrafter):
                 f"lookahead needs window >= 1, ngram >= 2, candidates >= 1; got {window}, {ngram}, {candidates}"
             )
         self.window, self.ngram, self.candidates, self.pool_size = window, ngram, candidates, pool_size
-        self.levels: list[list[int]] = []  # N - 1 levels of W guessed tokens, oldest first
-        self.pool: dict[int, OrderedDict[tuple[int, ...], None]] = {}  # first token -> continuations
         self._mask, self._offsets = window_layout(window, ngram - 1)
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None) -> LookaheadState:
         # Seed the window with prompt tokens (the paper starts from random tokens of the prompt).
         count = (self.ngram - 1) * self.window
         seed = (prompt_ids * (count // len(prompt_ids) + 1))[-count:]
-        self.levels = [seed[i * self.window : (i + 1) * self.window] for i in range(self.ngram - 1)]
-        self.pool = {}
+        return LookaheadState([seed[i * self.window : (i + 1) * self.window] for i in range(self.ngram - 1)])
 
-    def propose(
-        self, tokens: list[int], k: int, sampling: SamplingParams, generator: torch.Generator
-    ) -> Draft:
-        last = tokens[-1]
-        continuations = list(self.pool.get(last, {}))[-self.candidates :] if k > 0 else []
+    def draft(self, request: DraftRequest) -> Draft:
+        state, k = request.state, request.k
+        continuations = list(state.pool.get(request.tokens[-1], {}))[-self.candidates :] if k > 0 else []
         draft_tokens, parents = trie_from_paths([list(c[:k]) for c in reversed(continuations)])
-        aux = [token for level in self.levels for token in level]  # level-major
+        aux = [token for level in state.levels for token in level]  # level-major
         return Draft(draft_tokens, None, parents, aux, list(self._offsets), self._mask)
 
-    def observe(self, aux_logits: torch.Tensor) -> None:
-        """aux_logits [(N-1) * W, V]: grow the pool from the top level, then slide the window."""
-        guesses = torch.argmax(aux_logits, dim=-1).view(self.ngram - 1, self.window).tolist()  # [N-1, W]
+    def update(self, state: LookaheadState, outcome: StepOutcome) -> None:
+        """The aux logits [(N-1) * W, V]: grow the pool from the top level, then slide the window."""
+        if outcome.aux_logits is None:
+            return
+        guesses = torch.argmax(outcome.aux_logits, dim=-1).view(self.ngram - 1, self.window).tolist()  # [N-1, W]
         top = guesses[-1]
         for column in range(self.window):
-            gram = [level[column] for level in self.levels] + [top[column]]
-            self._remember(gram[0], tuple(gram[1:]))
-        self.levels = [*self.levels[1:], top]
+            gram = [level[column] for level in state.levels] + [top[column]]
+            self._remember(state, gram[0], tuple(gram[1:]))
+        state.levels = [*state.levels[1:], top]
 
-    def _remember(self, first: int, continuation: tuple[int, ...]) -> None:
-        entries = self.pool.setdefault(first, OrderedDict())
+    def _remember(self, state: LookaheadState, first: int, continuation: tuple[int, ...]) -> None:
+        entries = state.pool.setdefault(first, OrderedDict())
         entries.pop(continuation, None)
         entries[continuation] = None  # newest last
         while len(entries) > self.pool_size:

@@ -3,19 +3,26 @@ positions ahead at once; their top guesses form a tree that the target verifies 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from quickdraft.drafters.base import Draft
+from quickdraft.drafters.base import Draft, DraftRequest, SequenceDrafter, StepOutcome
 from quickdraft.drafters.head_tree import TreeShape, draft_tree
 from quickdraft.heads.medusa import MedusaHeads
-from quickdraft.sampling import SamplingParams
 from quickdraft.tree import ancestors
 
 
-class MedusaDrafter:
+@dataclass
+class MedusaState:
+    hidden: torch.Tensor | None = None  # [H]: where the target predicted the newest token
+
+
+class MedusaDrafter(SequenceDrafter):
     """Head k, read at the state where the target predicted the newest token, guesses the token
     k + 1 places after it. The heads see no draft tokens, so each level's guesses are the same
-    under every node; the tree keeps the paths whose guesses are jointly most likely."""
+    under every node; the tree keeps the paths whose guesses are jointly most likely. The heads
+    run once for every sequence of a step."""
 
     needs_hidden = True
 
@@ -23,19 +30,27 @@ class MedusaDrafter:
         self.heads = heads
         self.top_k, self.nodes, self.tree = top_k, nodes, tree
         TreeShape(1, top_k, nodes, tree)  # refuse bad settings now, not at the first step
-        self.state: torch.Tensor | None = None  # [H]: where the target predicted the newest token
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        self.state = None
+    def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None) -> MedusaState:
+        return MedusaState(None if hidden is None or not hidden.shape[0] else hidden[-1].float())
 
-    def observe_hidden(self, hidden: torch.Tensor) -> None:
-        self.state = hidden[-1].float()
+    def update(self, state: MedusaState, outcome: StepOutcome) -> None:
+        state.hidden = outcome.hidden[-1].float()
 
     @torch.inference_mode()
-    def propose(self, tokens: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
-        if k < 1 or self.state is None:
-            return Draft()
-        logp = torch.log_softmax(self.heads(self.state), dim=-1)  # [heads, V']
+    def propose(self, requests: list[DraftRequest]) -> list[Draft]:
+        ready = [i for i, r in enumerate(requests) if r.k >= 1 and r.state.hidden is not None]
+        drafts = [Draft() for _ in requests]
+        if not ready:
+            return drafts
+        states = torch.stack([requests[i].state.hidden for i in ready])  # [B, H]
+        logp = torch.log_softmax(self.heads(states), dim=-1)  # [heads, B, V']
+        for row, i in enumerate(ready):
+            drafts[i] = self._tree(logp[:, row], requests[i].k)
+        return drafts
+
+    def _tree(self, logp: torch.Tensor, k: int) -> Draft:
+        """logp [heads, V'] of one sequence -> its tree of guesses."""
         shape = TreeShape(min(k, self.heads.heads), self.top_k, self.nodes, self.tree)
 
         def expand(frontier: list[int], drafted: list[int], parents: list[int]) -> torch.Tensor:
@@ -44,10 +59,3 @@ class MedusaDrafter:
 
         ids, parents = draft_tree(logp[0], expand, shape)
         return Draft(self.heads.vocab[ids].tolist(), None, parents)
-
-    def rollback(self, tokens: list[int]) -> None:
-        pass
-
-    def observe(self, aux_logits: torch.Tensor) -> None:
-        pass
-

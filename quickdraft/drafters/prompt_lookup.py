@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.drafters.base import Draft, TokenDrafter
+from quickdraft.drafters.base import Draft, DraftRequest, SequenceDrafter
 from quickdraft.errors import QuickdraftError
-from quickdraft.sampling import SamplingParams
 
 
-class PromptLookupDrafter(TokenDrafter):
+class PromptLookupDrafter(SequenceDrafter):
     """Match the last n tokens (n from max_ngram down to min_ngram) and propose what followed.
 
     Of several earlier occurrences the most recent wins: it reflects the text being written now.
@@ -27,15 +26,10 @@ class PromptLookupDrafter(TokenDrafter):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        pass
-
-    def propose(
-        self, tokens: list[int], k: int, sampling: SamplingParams, generator: torch.Generator
-    ) -> Draft:
-        if k < 1:
+    def draft(self, request: DraftRequest) -> Draft:
+        if request.k < 1:
             return Draft()
-        return Draft(lookup_continuation(tokens, k, self.max_ngram, self.min_ngram))
+        return Draft(lookup_continuation(request.tokens, request.k, self.max_ngram, self.min_ngram))
 
 
 def lookup_continuation(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:

@@ -14,6 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quickdraft.backends.kv_cache import KVCache
+from quickdraft.models.rotary import default_inv_freq, rotate
+
 
 @dataclass(frozen=True)
 class EagleConfig:
@@ -59,16 +62,20 @@ class EagleHead(nn.Module):
         # The target's tables, frozen and not saved (they come from the target at load time).
         self.register_buffer("embed", embed.detach().float(), persistent=False)  # [V, H]
         self.register_buffer("lm_head", lm_head.detach().float()[vocab], persistent=False)  # [V', H]
-        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2]
+        self.register_buffer("inv_freq", default_inv_freq(d, c.rope_theta), persistent=False)  # [D/2]
         self.logits_layer: nn.Module | None = None  # set by heads.inference.for_drafting
 
+    def new_cache(self, max_length: int) -> KVCache:
+        """A sequence's cache of the head's one layer (batch 1), up to `max_length` positions."""
+        c = self.config
+        return KVCache(1, c.kv_heads, c.head_dim, max_length, dtype=self.embed.dtype, device=self.embed.device)
+
     def forward(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                past: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                cache: KVCache | None = None) -> torch.Tensor:
         """hidden [B, T, H] (f_t), tokens [B, T] (x_{t+1}), positions [B, T] (t), mask [B, T, C + T] bool
-        (True: may attend), past (keys, values) [B, KV, C, D] -> predicted f_{t+1} [B, T, H] and this
-        pass's keys and values [B, KV, T, D] (the caller keeps the cache)."""
+        (True: may attend) -> predicted f_{t+1} [B, T, H]. cache: one sequence's cache (B = 1) of C
+        entries; this pass's keys and values are written after them, and the caller advances or
+        truncates the cache. None: the T positions attend among themselves only (training)."""
         c = self.config
         b, t, _ = hidden.shape
         x = self.fc(torch.cat([self.embed[tokens], hidden], dim=-1))  # [B, T, H]
@@ -78,13 +85,19 @@ class EagleHead(nn.Module):
         v = self.v(normed).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
         cos, sin = self._rotary(positions)  # [B, 1, T, D]
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+        if cache is None:
+            keys, values = k, v
+        else:
+            end = cache.length + t
+            cache.reserve(end)
+            cache.write(0, k[0], v[0])
+            keys, values = cache.keys[:1, :, :end], cache.values[:1, :, :end]  # [1, KV, C + T, D]
         attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None],
                                               enable_gqa=c.heads != c.kv_heads)  # [B, heads, T, D]
         x = x + self.o(attn.transpose(1, 2).reshape(b, t, c.heads * c.head_dim))
         normed = self.post_norm(x)
         x = x + self.down(F.silu(self.gate(normed)) * self.up(normed))
-        return x, k, v
+        return x
 
     def logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., H] predicted states -> [..., V'] logits over the draft vocabulary."""
@@ -94,12 +107,6 @@ class EagleHead(nn.Module):
         angles = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
         angles = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, T, D]
         return angles.cos(), angles.sin()
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding, in the half-split layout of Llama."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 def eagle_loss(predicted: torch.Tensor, target: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,

@@ -222,7 +222,7 @@ def train_eagle(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, em
                              torch.Generator().manual_seed(0))
 
     def run(batch: dict[str, torch.Tensor], where: str) -> tuple[torch.Tensor, torch.Tensor]:
-        predicted = model(batch["hidden"], batch["tokens"], batch["positions"], batch["mask"])[0]
+        predicted = model(batch["hidden"], batch["tokens"], batch["positions"], batch["mask"])
         return eagle_loss(predicted, batch["targets"], model.logits(predicted), batch["labels"], batch[where],
                           settings.classification)
 

@@ -1,19 +1,43 @@
 """y = x W^T + b on the CPU with the weight prepacked once for the math library.
 
 Why: a plain F.linear repacks its weight for every call. For one-token passes in fp32 that
-is cheap (MKL takes a gemv path), but for the multi-token verify passes of speculative
-decoding it costs as much as the arithmetic; in bf16 oneDNN's AMX kernels want their own
-blocked layout. Measured on this project's CPU over the default target's 121 weights
+is cheap on some CPUs (MKL takes a gemv path), but for the multi-token verify passes of
+speculative decoding it costs as much as the arithmetic; in bf16 oneDNN's AMX kernels want
+their own blocked layout. Measured on an Intel Xeon over the default target's 121 weights
 (cold caches): fp32, 8 rows 57 -> 38 ms; bf16, 1 to 16 rows 25 -> 18 ms (BENCHMARKS.md).
+Which kernel wins at a given row count differs from CPU to CPU, so the backend measures it
+at load (backends/shapes.py) and passes its choice in as a Kernel.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 PACK_BATCH_HINT = 16  # the row count the packed layout is tuned for (any count works)
-FP32_PACKED_FROM = 3  # fp32 passes of fewer rows use F.linear: MKL's gemv/small gemm win there
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """How a linear layer computes a pass: `packed` takes the prepacked weight where there is
+    one (else the plain kernel); `rows` pads the pass with zero rows up to that many first, a
+    shape this machine runs faster (rows are independent: padding changes no real row)."""
+
+    packed: bool = True
+    rows: int = 0  # 0: no padding
+
+
+def apply_linear(linear, x: torch.Tensor, kernel: Kernel | None) -> torch.Tensor:
+    """linear(x) for x [n, in] computed the way `kernel` says (None: packed, unpadded) -> [n, out]."""
+    if kernel is None:
+        return linear(x)
+    n = x.shape[0]
+    if kernel.rows > n:
+        x = F.pad(x, (0, 0, 0, kernel.rows - n))  # [rows, in]: zero rows after the real ones
+    y = linear.run(x, kernel.packed) if isinstance(linear, PackedLinear) else linear(x)
+    return y[:n]
 
 
 def _mkldnn(dtype: torch.dtype) -> bool:
@@ -27,11 +51,11 @@ class PackedLinear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = True) -> None:
         self.weight, self.bias = weight, bias
-        self.out_features = weight.shape[0]
-        # oneDNN's blocked copy of the weight: every row count in bf16, multi-row passes in fp32.
+        self.out_features, self.in_features = weight.shape
+        # oneDNN's blocked copy of the weight (CPU only; elsewhere the plain kernel runs).
         self._packed = None
-        self._packed_from = 1 if weight.dtype == torch.bfloat16 else FP32_PACKED_FROM
-        if pack and weight.dtype in (torch.float32, torch.bfloat16) and _mkldnn(weight.dtype):
+        if pack and weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) \
+                and _mkldnn(weight.dtype):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
 
     @property
@@ -39,9 +63,17 @@ class PackedLinear:
         """Weight bytes a pass reads."""
         return self.weight.numel() * self.weight.element_size()
 
+    @property
+    def has_packed(self) -> bool:
+        return self._packed is not None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """[n, in] -> [n, out]."""
-        if self._packed is not None and x.shape[0] >= self._packed_from:
+        """[n, in] -> [n, out] with the packed weight when there is one."""
+        return self.run(x, True)
+
+    def run(self, x: torch.Tensor, packed: bool) -> torch.Tensor:
+        """[n, in] -> [n, out]; packed=False takes F.linear (MKL or cuBLAS) even when a packed copy exists."""
+        if packed and self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
@@ -66,7 +98,7 @@ class ColumnLinear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight, self.bias = weight, bias  # [out, in], [out]
-        self.out_features = weight.shape[0]
+        self.out_features, self.in_features = weight.shape
 
     @property
     def nbytes(self) -> int:
@@ -76,7 +108,7 @@ class ColumnLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """[n, in] -> [n, out]."""
         n = x.shape[0]
-        columns = torch.zeros(x.shape[1], whole_column_blocks(n), dtype=x.dtype)  # [in, n (+ pad)]
+        columns = torch.zeros(x.shape[1], whole_column_blocks(n), dtype=x.dtype, device=x.device)  # [in, n (+ pad)]
         columns[:, :n] = x.T
         y = torch.matmul(self.weight, columns)[:, :n].T  # [n, out]
         return y if self.bias is None else y + self.bias

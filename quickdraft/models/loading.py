@@ -38,9 +38,28 @@ class LoadedModel:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase | None
     name: str
-    native: dict = field(default_factory=dict)  # precision name -> NativeWeights, extracted on first use
     gguf: Path | None = None  # the GGUF file it came from, if any (llama.cpp can run the same file)
     converted: Path | None = None  # the cache folder of its converted weights, if any
+    # What is derived from the model once per process and shared by every decoder over it:
+    # backends by (kind, precision, device, layers), native weights by (precision, device),
+    # trained heads by (kind, folder, full vocabulary, device).
+    backends: dict = field(default_factory=dict, repr=False)
+    native: dict = field(default_factory=dict, repr=False)
+    heads: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """Every id that ends generation: from the config, the generation config and the tokenizer."""
+        ids: set[int] = set()
+        for source in (self.model.config, getattr(self.model, "generation_config", None)):
+            value = getattr(source, "eos_token_id", None) if source is not None else None
+            if isinstance(value, int):
+                ids.add(value)
+            elif value:
+                ids.update(int(v) for v in value)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return frozenset(ids)
 
 
 def default_cache_dir() -> Path:

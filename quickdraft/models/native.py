@@ -1,9 +1,10 @@
-"""A lean runner for Llama-family models (Llama, SmolLM, Mistral, Qwen2) in plain PyTorch.
+"""Llama-family models (Llama, SmolLM, Mistral, Qwen2) in plain PyTorch: the weights, and the
+attention maths of the native backend (quickdraft/backends/native.py runs the passes).
 
 Why: a transformers forward spends much of a small model's decode step in Python and
 bookkeeping. Here each layer is a handful of fused operations over weights taken once from
-the loaded model, and the KV cache is preallocated and indexed by a length pointer, so a
-rollback is free and a token tree needs only an explicit mask and positions.
+the loaded model; the KV cache (backends/kv_cache.py) is preallocated and indexed by a length
+pointer, so a rollback is free and a token tree needs only an explicit mask and positions.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class LayerWeights:
 
 @dataclass
 class NativeWeights:
-    """Everything a forward needs, extracted once from a transformers model; shared by runners."""
+    """Everything a forward needs, extracted once from a transformers model; shared by backends."""
 
     embed: torch.Tensor  # [V, hidden]
     layers: list[LayerWeights]
@@ -53,23 +54,33 @@ class NativeWeights:
     dtype: torch.dtype  # of activations, norms and the KV cache
     precision: str = "fp32"
 
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
     @classmethod
     def from_model(cls, model: PreTrainedModel, precision: str | Precision = "fp32", pack: bool = True,
-                   int4_blocks: dict[str, Int4Weight] | None = None) -> NativeWeights:
+                   int4_blocks: dict[str, Int4Weight] | None = None,
+                   device: torch.device | str = "cpu") -> NativeWeights:
         """`pack=False` keeps plain dense weights (F.linear), which torch.compile can trace.
-        `int4_blocks`: a GGUF file's own 4-bit blocks by parameter name, used as they are."""
+        `int4_blocks`: a GGUF file's own 4-bit blocks by parameter name, used as they are.
+        `device`: where every weight lives (int8/int4 kernels: CPU only)."""
         config = model.config
         if not supports(model):
-            raise QuickdraftError(f"the native runner supports {', '.join(SUPPORTED_ARCHITECTURES)}, "
+            raise QuickdraftError(f"the native backend supports {', '.join(SUPPORTED_ARCHITECTURES)}, "
                                   f"not {config.model_type!r}")
         precision = get_precision(precision) if isinstance(precision, str) else precision
+        device = torch.device(device)
+        if precision.weights != "dense" and device.type != "cpu":
+            raise QuickdraftError(f"precision {precision.name} uses PyTorch's CPU kernels; on {device.type} "
+                                  f"use bf16 or fp32")
         dtype = precision.dtype
         inner = model.model
         names = {id(module): name for name, module in model.named_modules()}
         blocks = int4_blocks if precision.weights == "int4" and int4_blocks else {}
 
         def cast(tensor: torch.Tensor) -> torch.Tensor:
-            return tensor.detach().to(dtype).contiguous()
+            return tensor.detach().to(device=device, dtype=dtype).contiguous()
 
         def dense(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
             # bf16: row-invariant, so greedy speculation stays exact; fp32 differs only in rounding.
@@ -118,7 +129,7 @@ class NativeWeights:
 
 
 def supports(model: PreTrainedModel) -> bool:
-    """True for the architectures the native runner computes exactly like transformers."""
+    """True for the architectures the native backend computes exactly like transformers."""
     config = model.config
     return (
         getattr(config, "model_type", None) in SUPPORTED_ARCHITECTURES
@@ -126,127 +137,6 @@ def supports(model: PreTrainedModel) -> bool:
         and not getattr(config, "mlp_bias", False)
         and hasattr(getattr(model, "model", None), "layers")
     )
-
-
-class NativeRunner:
-    """One sequence's preallocated KV cache over shared NativeWeights; optionally a layer subset."""
-
-    def __init__(self, weights: NativeWeights, layers: list[int] | None = None) -> None:
-        self.weights = weights
-        self.layer_ids = list(range(len(weights.layers))) if layers is None else list(layers)
-        self._length = 0
-        self._keys: torch.Tensor | None = None  # [layers, kv_heads, capacity, head_dim] (fp32)
-        self._values: torch.Tensor | None = None  # the same (+ a ones column below fp32)
-        self._cos: torch.Tensor | None = None  # [capacity, head_dim]
-        self._sin: torch.Tensor | None = None
-        self.hidden: torch.Tensor | None = None  # [n, hidden] after the final norm, of the last pass
-
-    @property
-    def vocab_size(self) -> int:
-        return self.weights.lm_head.out_features
-
-    @property
-    def max_length(self) -> int:
-        return self.weights.max_length
-
-    @property
-    def length(self) -> int:
-        return self._length
-
-    def reset(self) -> None:
-        self._length = 0  # the buffers are reused: only the pointer moves
-
-    def _ensure_capacity(self, needed: int) -> None:
-        """Grow the cache (doubling, up to the context length) so `needed` entries fit."""
-        capacity = 0 if self._keys is None else self._keys.shape[2]
-        if needed <= capacity:
-            return
-        new_capacity = min(self.max_length, max(attention_bucket(needed, self.max_length), 2 * capacity))
-        w = self.weights
-        shape = (len(self.layer_ids), w.kv_heads, new_capacity, w.head_dim)
-        if w.dtype == torch.float32:
-            keys, values = torch.empty(shape), torch.empty(shape)
-        else:
-            # fp32 even for bf16 activations (the matmuls below are fp32). Zeros: attention reads
-            # whole buckets with unwritten entries masked, and 0 weight times a NaN is still NaN.
-            # Each value is followed by a 1: the softmax sum's column.
-            keys = torch.zeros(shape)
-            values = torch.ones(shape[:-1] + (w.head_dim + 1,))
-            values[..., : w.head_dim] = 0
-        if self._keys is not None:
-            keys[:, :, : self._length] = self._keys[:, :, : self._length]
-            values[:, :, : self._length] = self._values[:, :, : self._length]
-        self._keys, self._values = keys, values
-        # Rotary tables for every position the cache can hold: cos/sin of position * frequency.
-        angles = torch.arange(new_capacity, dtype=torch.float32)[:, None] * w.inv_freq[None]  # [cap, D/2]
-        angles = torch.cat([angles, angles], dim=-1)  # [cap, D]
-        self._cos = (angles.cos() * w.rope_scale).to(w.dtype)
-        self._sin = (angles.sin() * w.rope_scale).to(w.dtype)
-
-    def forward(
-        self,
-        tokens: list[int],
-        all_logits: bool = True,
-        positions: list[int] | None = None,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return forward_batch([Segment(self, tokens, all_logits, positions, mask)])[0]
-
-    def _prepare(self, segment: Segment) -> tuple[torch.Tensor, torch.Tensor, Attention]:
-        """Cache room, then rotary rows [n, D] x2 and what attention needs (see Attention)."""
-        n, start = len(segment.tokens), self._length
-        if start + n > self.max_length:
-            raise ValueError(f"cache would exceed the context length {self.max_length}")
-        positions = segment.positions
-        self._ensure_capacity(max(start + n, max(positions or [0]) + 1))
-        position_ids = (torch.arange(start, start + n) if positions is None
-                        else torch.tensor(positions, dtype=torch.long))  # [n]
-        mask = segment.mask
-        if mask is None and n > 1:
-            # Causal: token i sees the cache and the new tokens up to itself.
-            mask = torch.ones(n, start + n, dtype=torch.bool).tril(diagonal=start)
-        if self.weights.dtype == torch.float32:
-            attention = Attention(None if mask is None else mask[None, None], [])
-        else:
-            attention = Attention(None, row_groups(start, n, mask, self.max_length))
-        return self._cos[position_ids], self._sin[position_ids], attention
-
-    def _attend(self, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                attention: Attention) -> torch.Tensor:
-        """Write k, v [KV, n, D] at the cache's end, attend with q [H, n, D] -> [n, H * D]."""
-        w, n, start = self.weights, q.shape[1], self._length
-        self._keys[slot, :, start : start + n] = k
-        self._values[slot, :, start : start + n, : w.head_dim] = v
-        if not attention.groups:
-            keys = self._keys[slot, :, : start + n]  # [KV, start + n, D]
-            values = self._values[slot, :, : start + n]
-            attn = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=attention.mask,
-                                                  enable_gqa=w.heads != w.kv_heads)[0]  # [H, n, D]
-        else:
-            parts = [row_invariant_attention(q[:, g.rows], *self._group_keys(slot, g), g.hidden)
-                     for g in attention.groups]
-            attn = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-        return attn.transpose(0, 1).reshape(n, w.heads * w.head_dim)
-
-    def _group_keys(self, slot: int, group: RowGroup) -> tuple[torch.Tensor, torch.Tensor]:
-        """The keys and values [KV, length, D (+1)] a row group reads."""
-        if group.index is None:
-            return self._keys[slot, :, : group.length], self._values[slot, :, : group.length]
-        return self._keys[slot][:, group.index], self._values[slot][:, group.index]
-
-    def truncate(self, length: int) -> None:
-        self._length = min(self._length, length)  # rollback is a pointer move
-
-    @torch.inference_mode()  # the buffers are inference tensors
-    def keep(self, indices: list[int]) -> None:
-        if indices == list(range(len(indices))):
-            self.truncate(len(indices))
-            return
-        index = torch.tensor(indices, dtype=torch.long)
-        kept = len(indices)
-        self._keys[:, :, :kept] = self._keys[:, :, index]  # gather first, then write: no aliasing
-        self._values[:, :, :kept] = self._values[:, :, index]
-        self._length = kept
 
 
 @dataclass
@@ -261,8 +151,8 @@ class RowGroup:
 
 @dataclass
 class Attention:
-    """What one sequence's attention needs in a pass: fp32 runners use SDPA with `mask`
-    [1, 1, n, keys] (None: all visible); low-precision runners use row-invariant `groups`."""
+    """What one sequence's attention needs in a pass: fp32 passes use SDPA with `mask`
+    [1, 1, n, keys] (None: all visible); low-precision passes use row-invariant `groups`."""
 
     mask: torch.Tensor | None
     groups: list[RowGroup]
@@ -277,9 +167,11 @@ def attention_bucket(needed: int, max_length: int) -> int:
     return min(max_length, -(-needed // KEY_BUCKET) * KEY_BUCKET)
 
 
-def row_groups(start: int, n: int, mask: torch.Tensor | None, max_length: int) -> list[RowGroup]:
+def row_groups(start: int, n: int, mask: torch.Tensor | None, max_length: int,
+               device: torch.device | str = "cpu") -> list[RowGroup]:
     """Split a pass's rows (cache indices start..start+n-1) by the bucket each row's own
-    one-token pass would read; usually one group. mask [n, start + n] or None (all visible).
+    one-token pass would read; usually one group. mask [n, start + n], or None for a causal pass
+    (no per-row work: a long prefill stays cheap).
 
     A row that sees a contiguous prefix of the cache (chains) reads the cache as it is. A tree
     node sees the prefix and its ancestors, which sit after their siblings: it gets a group of
@@ -296,69 +188,20 @@ def row_groups(start: int, n: int, mask: torch.Tensor | None, max_length: int) -
                 visible = seen[first]
                 length = attention_bucket(len(visible), max_length)
                 index = torch.cat([visible, visible.new_zeros(length - len(visible))])  # padding: masked
-                hidden = torch.arange(length) >= len(visible)
+                hidden = torch.arange(length, device=device) >= len(visible)
                 groups.append(RowGroup(slice(first, i), length, hidden[:, None, None], index))
             else:
                 length = buckets[first]
-                visible = torch.zeros(i - first, length, dtype=torch.bool)
-                if mask is None:
-                    visible[:, : start + n] = True
+                if mask is None:  # causal: row r sees keys up to its own slot
+                    ends = torch.arange(start + first, start + i, device=device)  # [rows]
+                    visible = torch.arange(length, device=device)[None] <= ends[:, None]  # [rows, length]
                 else:
+                    visible = torch.zeros(i - first, length, dtype=torch.bool, device=device)
                     cut = min(length, start + n)
                     visible[:, :cut] = mask[first:i, :cut]
                 groups.append(RowGroup(slice(first, i), length, ~visible.T[:, None, :]))
             first = i
     return groups
-
-
-@dataclass
-class Segment:
-    """One sequence's share of a batched pass: its runner (cache) and what it feeds."""
-
-    runner: NativeRunner
-    tokens: list[int]
-    all_logits: bool = True  # False: logits of the last token only
-    positions: list[int] | None = None  # None: consecutive after the cache
-    mask: torch.Tensor | None = None  # [n, cached + n]; None: causal
-
-
-@torch.inference_mode()
-def forward_batch(segments: list[Segment]) -> list[torch.Tensor]:
-    """One pass for several sequences over the same weights: their tokens stacked as rows, so
-    every weight is read once for all of them; attention runs per sequence over its own cache.
-    Ragged by design: each segment has its own length, positions and mask; nothing is padded.
-    Returns each segment's logits [n_i, V] (or [1, V])."""
-    w = segments[0].runner.weights
-    layer_ids = segments[0].runner.layer_ids
-    if any(s.runner.weights is not w or s.runner.layer_ids != layer_ids for s in segments):
-        raise ValueError("a batched pass needs runners over the same weights and layers")
-    if len({id(s.runner) for s in segments}) != len(segments):
-        raise ValueError("each sequence may appear once in a batched pass")
-    prepared = [s.runner._prepare(s) for s in segments]  # (cos, sin, attention) each
-    sizes = [len(s.tokens) for s in segments]
-    q_size, kv_size = w.heads * w.head_dim, w.kv_heads * w.head_dim
-    x = w.embed[torch.tensor([t for s in segments for t in s.tokens], dtype=torch.long)]  # [N, hidden]
-    for slot, layer_id in enumerate(layer_ids):
-        layer = w.layers[layer_id]
-        qkv = layer.qkv(rms_norm(x, layer.input_norm, w.eps))  # [N, (H + 2 KV) D]
-        outputs = []
-        for segment, (cos, sin, attention), rows in zip(segments, prepared, qkv.split(sizes)):
-            n = rows.shape[0]
-            # q and k rotate together: one set of operations for both.
-            qk = rotate(rows[:, : q_size + kv_size].view(n, w.heads + w.kv_heads, w.head_dim).transpose(0, 1),
-                        cos, sin)  # [H + KV, n, D]
-            v = rows[:, q_size + kv_size :].view(n, w.kv_heads, w.head_dim).transpose(0, 1)  # [KV, n, D]
-            outputs.append(segment.runner._attend(slot, qk[: w.heads], qk[w.heads :], v, attention))
-        x = x + layer.o(torch.cat(outputs) if len(outputs) > 1 else outputs[0])
-        gate, up = layer.gate_up(rms_norm(x, layer.post_norm, w.eps)).chunk(2, dim=-1)  # [N, I] each
-        x = x + layer.down(F.silu(gate) * up)
-    rows = []
-    for segment, part in zip(segments, x.split(sizes)):
-        segment.runner._length += len(segment.tokens)
-        segment.runner.hidden = rms_norm(part, w.norm, w.eps)  # [n_i, hidden], for drafters that read it
-        rows.append(segment.runner.hidden if segment.all_logits else segment.runner.hidden[-1:])
-    logits = w.lm_head(torch.cat(rows)).float()  # [rows, V]
-    return list(logits.split([r.shape[0] for r in rows]))
 
 
 def row_invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -395,10 +238,3 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * normed.to(x.dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding: x * cos + rotate_half(x) * sin over [heads, n, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin

@@ -1,4 +1,4 @@
-"""The native runner's precisions: how weights are stored and what dtype activations use."""
+"""The native backend's precisions: how weights are stored and what dtype activations use."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Weight-only quantization formats of the native runner, as pure functions.
+"""Weight-only quantization formats of the native backend, as pure functions.
 
 int8: one symmetric scale per output channel, w ~ q * scale with q in [-127, 127].
 int4: one scale and zero point per group of `group` inputs of a channel, w ~ (q - 8) * scale + zero

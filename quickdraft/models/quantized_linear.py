@@ -27,7 +27,7 @@ class Int8Linear:
         self.q = quantized.q  # [out, in] int8
         self.scales = quantized.scales.to(dtype)  # [out]
         self.bias = None if bias is None else bias.to(dtype)
-        self.out_features = weight.shape[0]
+        self.out_features, self.in_features = weight.shape
 
     @property
     def nbytes(self) -> int:
@@ -50,7 +50,7 @@ class Int4Linear:
         self.scales_and_zeros = pairs.transpose(0, 1).contiguous().to(dtype)
         self.group = weight.group
         self.bias = None if bias is None else bias.to(dtype)
-        self.out_features = weight.q.shape[0]
+        self.out_features, self.in_features = weight.q.shape
 
     @property
     def nbytes(self) -> int:

@@ -16,7 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from quickdraft.decoder import Decoder, GenerationOutput
 from quickdraft.errors import QuickdraftError
-from quickdraft.methods import get_method
+from quickdraft.methods import configure
+from quickdraft.options import MODEL_OPTIONS
 from quickdraft.serve.metrics import ServerMetrics
 from quickdraft.serve.protocol import (
     FINISH_REASONS,
@@ -30,7 +31,6 @@ from quickdraft.serve.protocol import (
     usage,
 )
 from quickdraft.serve.scheduler import Job, QueueFull, Scheduler, ShuttingDown
-from quickdraft.serve.text import TextStream
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -151,7 +151,7 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
 
     async def _stream(job: Job, events: asyncio.Queue, request_id: str, body: SamplingRequest, chat: bool,
                       endpoint: str, arrived: float) -> AsyncIterator[str]:
-        text = TextStream(decoder.decode, body.stops())
+        sent = ""  # the scheduler detokenizes incrementally and sends only text that is final
         try:
             if chat:  # OpenAI's first chat chunk announces the role
                 yield _sse(chunk_body(request_id, name, "", None, chat, role=True))
@@ -166,12 +166,12 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
                     if first:
                         metrics.first_token.labels(endpoint).observe(time.perf_counter() - arrived)
                         first = False
-                    piece = text.delta(payload)
-                    if piece:
-                        yield _sse(chunk_body(request_id, name, piece, None, chat))
+                    if payload:
+                        sent += payload
+                        yield _sse(chunk_body(request_id, name, payload, None, chat))
                     continue
                 output, served_by = payload
-                piece = text.final(output.text)
+                piece = output.text[len(sent) :] if output.text.startswith(sent) else ""
                 if piece:
                     yield _sse(chunk_body(request_id, name, piece, None, chat))
                 yield _sse(chunk_body(request_id, name, None, FINISH_REASONS.get(output.finish_reason), chat,
@@ -206,15 +206,8 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
                                 f"the context length of {limit} tokens", param="max_tokens",
                            code="context_length_exceeded")
         method = body.quickdraft.method if body.quickdraft else None
-        k = body.quickdraft.k if body.quickdraft else None
-        if method is not None:
-            try:
-                spec = get_method(method)
-            except QuickdraftError as error:
-                raise ApiError(400, str(error), param="quickdraft.method") from error
-            if spec.needs_draft_model and decoder.draft is None:
-                raise ApiError(400, f"method {method!r} needs a draft model, which this server has not loaded",
-                               param="quickdraft.method")
+        settings = body.quickdraft.settings() if body.quickdraft else {}
+        check_settings(method, settings)
         if any(not stop for stop in body.stops()):
             raise ApiError(400, "stop strings must not be empty", param="stop")
         loop = asyncio.get_running_loop()
@@ -229,11 +222,24 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
         options = dict(temperature=body.temperature, top_k=body.top_k,
                        top_p=None if body.top_p >= 1.0 else body.top_p,
                        seed=body.seed if body.seed is not None else secrets.randbits(63), stop=body.stops() or None)
-        job = Job(prompt_ids, requested, options, method, k,
-                  on_step=lambda record, new_tokens: put("step", list(new_tokens)),
+        job = Job(prompt_ids, requested, options, method, settings,
+                  on_step=lambda record, text: put("step", text),
                   on_finish=lambda output, served_by: put("done", (output, served_by)),
                   on_error=lambda message, status: put("error", (message, status)))
         return job, events
+
+    def check_settings(method: str | None, settings: dict) -> None:
+        """The request's method and options, checked as the library checks them (400 on a bad one)."""
+        if any(name in MODEL_OPTIONS for name in settings):
+            name = next(name for name in settings if name in MODEL_OPTIONS)
+            raise ApiError(400, f"option {name!r} is set when the server starts, not per request",
+                           param=f"quickdraft.{name}")
+        base = {} if method is not None else dict(decoder.config.given)
+        try:
+            configure(method or decoder.method, decoder.draft is not None, **(base | settings))
+        except QuickdraftError as error:
+            param = f"quickdraft.{error.option}" if error.option else "quickdraft"
+            raise ApiError(400, str(error), param=param) from error
 
     return app
 

@@ -12,11 +12,15 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # ours -> 
 
 
 class QuickdraftOptions(BaseModel):
-    """The `quickdraft` extension object: how this request is drafted."""
+    """The `quickdraft` extension object: how this request is drafted. `method` is a name or a
+    METHOD:key=value spec; any other key is an option of quickdraft.options.OPTIONS (k, max_ngram,
+    tree_nodes, ...), checked by the same declaration as the CLI's and the library's."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     method: str | None = None
-    k: int | None = Field(default=None, ge=1)
+
+    def settings(self) -> dict:
+        return dict(self.model_extra or {})
 
 
 class SamplingRequest(BaseModel):

@@ -1,11 +1,11 @@
-"""Continuous batching: one thread steps every active sequence together, one target pass per step.
+"""Continuous batching: one thread steps every active sequence together through the engine.
 
 Requests wait in a bounded queue; between steps finished or abandoned sequences leave and
-waiting ones join (their prompt is prefilled as they join). Each step every sequence drafts
-on its own, then all verify in one batched target pass (`forward_batch`): their tokens are
-stacked as rows so the weights are read once, attention runs per sequence over that
-sequence's own cache, and each accepts its own number of tokens (its cache pointer moves
-alone). Sequences whose target is not on the native runner are verified one by one.
+waiting ones join (those joining together are prefilled in one pass). Each step is the same
+engine step a library call makes (engine.step): every drafter drafts for all of its sequences,
+one target pass per backend verifies them all, and each sequence accepts its own number of
+tokens. A request names its method and settings; its decoder shares the server's backends and
+heads, and its sequence owns only its caches, which go when it finishes.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from quickdraft.decoder import Decoder, GenerationOutput
-from quickdraft.engine import Generation, PassPlan
+from quickdraft.engine import Generation, prefill, step
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.native import NativeRunner, Segment, forward_batch
 from quickdraft.serve.metrics import ServerMetrics
 from quickdraft.stats import StepRecord
 
@@ -34,14 +34,17 @@ class ShuttingDown(Exception):
 
 @dataclass
 class Job:
-    """One request's decoding work. The callbacks run on the scheduler thread and must be quick."""
+    """One request's decoding work. The callbacks run on the scheduler thread and must be quick.
+
+    method and settings: the request's drafting method and options (None and {}: the server's);
+    on_step gets each step's record and the new text it made final (detokenized incrementally here)."""
 
     prompt_ids: list[int]
     max_new_tokens: int
     options: dict  # temperature, top_k, top_p, seed, stop
     method: str | None = None
-    k: int | None = None
-    on_step: Callable[[StepRecord, list[int]], None] = lambda record, new_tokens: None
+    settings: dict[str, Any] = field(default_factory=dict)
+    on_step: Callable[[StepRecord, str], None] = lambda record, text: None
     on_finish: Callable[[GenerationOutput, Decoder], None] = lambda output, decoder: None
     on_error: Callable[[str, int], None] = lambda message, status: None  # status: 400 bad input, 500 ours
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -53,7 +56,6 @@ class _Active:
     job: Job
     decoder: Decoder
     generation: Generation
-    key: tuple  # (method, k): where the decoder goes back to when the job leaves
 
 
 class Scheduler:
@@ -67,7 +69,6 @@ class Scheduler:
         self.metrics = metrics or ServerMetrics()
         self._waiting: deque[Job] = deque()
         self._active: list[_Active] = []
-        self._idle: dict[tuple, list[Decoder]] = {}  # (method, k) -> decoders free for reuse
         self._lock = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="quickdraft-scheduler", daemon=True)
@@ -110,18 +111,6 @@ class Scheduler:
             self.metrics.queue_length.set(len(self._waiting))
             self._lock.notify_all()
 
-    def _decoder_for(self, key: tuple) -> Decoder:
-        """A decoder of its own for one sequence (own caches and drafter), reused across requests."""
-        with self._lock:
-            idle = self._idle.get(key)
-            if idle:
-                return idle.pop()
-        return self.decoder.with_method(*key)
-
-    def _release(self, decoder: Decoder, key: tuple) -> None:
-        with self._lock:
-            self._idle.setdefault(key, []).append(decoder)
-
     def _loop(self) -> None:
         while True:
             with self._lock:
@@ -129,79 +118,60 @@ class Scheduler:
                     self._lock.wait()
                 if self._stopping and not self._active and not self._waiting:
                     return
-            self._admit()
-            self._drop_cancelled()
-            if not self._active:
-                continue
             try:
-                self._step()
+                self._admit()
+                self._drop_cancelled()
+                if self._active:
+                    self._step()
             except Exception as error:  # never leave clients waiting on a dead thread
                 for active in self._active:
                     active.job.on_error(f"internal error while decoding: {error!r}", 500)
                 self._active.clear()
                 self.metrics.active.set(0)
 
+    def _decoder_for(self, job: Job) -> Decoder:
+        """The request's decoder: the server's, or another over the same models (cheap: shared parts)."""
+        if job.method is None and not job.settings:
+            return self.decoder
+        return self.decoder.with_method(job.method, **job.settings)
+
     def _admit(self) -> None:
-        while len(self._active) < self.max_batch:
+        joining: list[_Active] = []
+        while len(self._active) + len(joining) < self.max_batch:
             with self._lock:
                 if not self._waiting:
-                    return
+                    break
                 job = self._waiting.popleft()
                 self.metrics.queue_length.set(len(self._waiting))
             if job.cancelled.is_set():
                 continue
-            key = (job.method or self.decoder.method, job.k)
             try:
-                decoder = self._decoder_for(key)
-            except QuickdraftError as error:  # e.g. an unknown method
+                decoder = self._decoder_for(job)
+                generation = decoder.prepare(job.prompt_ids, job.max_new_tokens, text=True, **job.options)
+            except (QuickdraftError, ValueError) as error:  # e.g. an unknown method, a bad temperature
                 job.on_error(str(error), 400)
                 continue
-            try:
-                generation = decoder.start(job.prompt_ids, job.max_new_tokens, **job.options)  # prefill
-            except (QuickdraftError, ValueError) as error:
-                self._release(decoder, key)
-                job.on_error(str(error), 400)
-                continue
-            self._active.append(_Active(job, decoder, generation, key))
+            joining.append(_Active(job, decoder, generation))
+        if joining:
+            prefill([a.generation for a in joining])  # those joining together: one pass
+            self._active.extend(joining)
         self.metrics.active.set(len(self._active))
 
     def _drop_cancelled(self) -> None:
         for active in [a for a in self._active if a.job.cancelled.is_set()]:
             self._active.remove(active)
-            self._release(active.decoder, active.key)
             self.metrics.cancelled.inc()
         self.metrics.active.set(len(self._active))
 
     def _step(self) -> None:
-        """Draft for every active sequence, verify them all in one batched pass, then emit."""
-        plans: list[PassPlan] = [a.generation.plan() for a in self._active]
-        logits = self._verify_all(plans)
-        self.metrics.batch_size.observe(len(plans))
-        for active, plan, rows in zip(list(self._active), plans, logits):
+        """One engine step for every active sequence, then report each one's progress."""
+        records = step([a.generation for a in self._active])
+        self.metrics.batch_size.observe(len(records))
+        for active, record in zip(list(self._active), records):
             generation = active.generation
-            record = generation.complete(plan, rows)
             self.metrics.record_step(record)
-            active.job.on_step(record, generation.new_tokens)
+            active.job.on_step(record, generation.text.delta())
             if generation.done:
                 self._active.remove(active)
-                output = active.decoder.finish(generation, active.job.options.get("stop"))
-                self._release(active.decoder, active.key)
-                active.job.on_finish(output, active.decoder)
+                active.job.on_finish(active.decoder.finish(generation), active.decoder)
         self.metrics.active.set(len(self._active))
-
-    def _verify_all(self, plans: list[PassPlan]) -> list:
-        runners = [a.generation.target for a in self._active]
-        native = [i for i, r in enumerate(runners) if isinstance(r, NativeRunner)]
-        logits: list = [None] * len(plans)
-        groups: dict[int, list[int]] = {}
-        for i in native:  # one batched pass per set of shared weights (e.g. per precision)
-            groups.setdefault(id(runners[i].weights), []).append(i)
-        for members in groups.values():
-            segments = [Segment(runners[i], plans[i].inputs, True, plans[i].positions, plans[i].mask)
-                        for i in members]
-            for i, rows in zip(members, forward_batch(segments)):
-                logits[i] = rows
-        for i, plan in enumerate(plans):
-            if logits[i] is None:
-                logits[i] = runners[i].forward(plan.inputs, positions=plan.positions, mask=plan.mask)
-        return logits

@@ -1,0 +1,95 @@
+"""The backend protocol: what the engine needs from anything that runs a model.
+
+A backend is shared and loaded once per process: weights, tokenizer, vocabulary, context
+length, EOS ids, device and dtype. A sequence owns only a cache handle (`new_cache()`), so
+any number of sequences, of any methods, run over one copy of the weights. One `forward`
+call runs a pass for several sequences at once, each with its own new tokens, positions and
+optional tree mask, and returns each one's logits (and hidden states when asked).
+
+Adding a backend is one class with these members; `tests/test_backends.py` builds a toy one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+LogitRows = Literal["all", "last", "none"]
+
+
+class Cache(Protocol):
+    """One sequence's state inside a backend (its KV cache)."""
+
+    @property
+    def length(self) -> int: ...  # tokens now cached
+
+    def truncate(self, length: int) -> None:
+        """Keep only the first `length` entries."""
+        ...
+
+    def keep(self, indices: list[int]) -> None:
+        """Keep only the entries at these ascending indices (an accepted tree path)."""
+        ...
+
+
+@dataclass
+class SeqPass:
+    """One sequence's share of a batched pass: its tokens go after its cache's entries.
+
+    positions: each token's position (None: consecutive after the cache).
+    mask: [n, cache.length + n] bool on the backend's device, True where a token may attend
+    (None: causal). logits: which rows' logits come back ("none" for a prefill whose logits
+    nobody reads). hidden: also return the last hidden states [n, H] (after the final norm)."""
+
+    cache: Cache
+    tokens: list[int]
+    positions: list[int] | None = None
+    mask: torch.Tensor | None = None
+    logits: LogitRows = "all"
+    hidden: bool = False
+
+
+@dataclass
+class PassOutput:
+    logits: torch.Tensor | None  # [rows, V] fp32 on the backend's device (rows: n, 1 or none)
+    hidden: torch.Tensor | None = None  # [n, H] fp32, when asked
+
+
+class Backend(Protocol):
+    name: str  # the model's name
+    vocab_size: int  # size of a logit vector
+    max_length: int  # context length: the most cache entries a sequence may hold
+    hidden_size: int
+    device: torch.device
+    dtype: torch.dtype  # of activations
+    tokenizer: PreTrainedTokenizerBase | None
+    eos_ids: frozenset[int]
+
+    def new_cache(self) -> Cache: ...
+
+    def forward(self, passes: list[SeqPass]) -> list[PassOutput]:
+        """Append each pass's tokens to its cache and score them; one output per pass, in order.
+        Each cache may appear once. Raises ValueError when a cache would exceed max_length."""
+        ...
+
+
+def check_passes(passes: list[SeqPass], max_length: int) -> None:
+    """Refuse a batch that names a cache twice or overflows the context (before any state changes)."""
+    if len({id(p.cache) for p in passes}) != len(passes):
+        raise ValueError("each sequence may appear once in a batched pass")
+    for p in passes:
+        if p.cache.length + len(p.tokens) > max_length:
+            raise ValueError(f"cache would exceed the context length {max_length}")
+
+
+def causal_mask(cached: int, n: int, device: torch.device) -> torch.Tensor:
+    """[n, cached + n] bool: token i sees the cache and the new tokens up to itself."""
+    return torch.ones(n, cached + n, dtype=torch.bool, device=device).tril(diagonal=cached)
+
+
+def logit_rows(rows: torch.Tensor, which: LogitRows) -> torch.Tensor:
+    """The rows [n, ...] a pass returns logits for."""
+    return rows if which == "all" else rows[-1:] if which == "last" else rows[:0]

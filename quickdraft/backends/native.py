@@ -1,0 +1,133 @@
+"""The native backend: Llama-family models on quickdraft's own PyTorch forward.
+
+One pass serves several sequences: their new tokens are stacked as rows, so every weight is
+read once for all of them, and attention runs per sequence over that sequence's own KVCache.
+Ragged by design: each sequence has its own length, positions and mask; nothing is padded
+(except rows a measured Kernel pads inside a linear layer, which change no real row).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedTokenizerBase
+
+from quickdraft.backends.base import PassOutput, SeqPass, check_passes, logit_rows
+from quickdraft.backends.kv_cache import KVCache
+from quickdraft.models.linear import Kernel, apply_linear
+from quickdraft.models.native import (
+    KEY_BUCKET,
+    Attention,
+    NativeWeights,
+    RowGroup,
+    rms_norm,
+    row_groups,
+    row_invariant_attention,
+)
+from quickdraft.models.rotary import RotaryTable, rotate
+
+RowPlan = dict[int, Kernel]  # rows in a pass -> how its linear layers compute them (absent: packed, unpadded)
+
+
+class NativeBackend:
+    """Shared NativeWeights (optionally only some layers: self-speculation) run for many caches."""
+
+    def __init__(self, weights: NativeWeights, name: str, tokenizer: PreTrainedTokenizerBase | None = None,
+                 eos_ids: frozenset[int] = frozenset(), layers: list[int] | None = None,
+                 plan: RowPlan | None = None) -> None:
+        self.weights, self.name, self.tokenizer, self.eos_ids = weights, name, tokenizer, eos_ids
+        self.layer_ids = list(range(len(weights.layers))) if layers is None else list(layers)
+        self.plan: RowPlan = plan or {}
+        self.vocab_size = weights.lm_head.out_features
+        self.max_length = weights.max_length
+        self.hidden_size = weights.embed.shape[1]
+        self.device, self.dtype = weights.device, weights.dtype
+        self.precision = weights.precision
+        self.rotary = RotaryTable(weights.inv_freq, weights.rope_scale, weights.max_length, weights.dtype,
+                                  self.device)
+        # Below fp32 attention is row-invariant: keys in fp32 buckets, values with a ones column.
+        self._row_invariant = weights.dtype != torch.float32
+
+    def new_cache(self) -> KVCache:
+        w = self.weights
+        return KVCache(len(self.layer_ids), w.kv_heads, w.head_dim, self.max_length, dtype=torch.float32,
+                       device=self.device, ones_column=self._row_invariant,
+                       granularity=KEY_BUCKET if self._row_invariant else 1)
+
+    @torch.inference_mode()
+    def forward(self, passes: list[SeqPass]) -> list[PassOutput]:
+        check_passes(passes, self.max_length)
+        for p in passes:
+            if not isinstance(p.cache, KVCache) or p.cache.layers != len(self.layer_ids):
+                raise ValueError("a cache from another backend was passed to this one")
+        w = self.weights
+        prepared = [self._prepare(p) for p in passes]  # (cos, sin, attention) each
+        sizes = [len(p.tokens) for p in passes]
+        q_size, kv_size = w.heads * w.head_dim, w.kv_heads * w.head_dim
+        ids = torch.tensor([t for p in passes for t in p.tokens], dtype=torch.long, device=self.device)
+        x = w.embed[ids]  # [N, hidden]
+        for slot, layer_id in enumerate(self.layer_ids):
+            layer = w.layers[layer_id]
+            qkv = self._linear(layer.qkv, rms_norm(x, layer.input_norm, w.eps))  # [N, (H + 2 KV) D]
+            outputs = []
+            for p, (cos, sin, attention), rows in zip(passes, prepared, qkv.split(sizes)):
+                n = rows.shape[0]
+                # q and k rotate together: one set of operations for both.
+                qk = rotate(rows[:, : q_size + kv_size].view(n, w.heads + w.kv_heads, w.head_dim).transpose(0, 1),
+                            cos, sin)  # [H + KV, n, D]
+                v = rows[:, q_size + kv_size :].view(n, w.kv_heads, w.head_dim).transpose(0, 1)  # [KV, n, D]
+                outputs.append(self._attend(p.cache, slot, qk[: w.heads], qk[w.heads :], v, attention))
+            x = x + self._linear(layer.o, torch.cat(outputs) if len(outputs) > 1 else outputs[0])
+            gate, up = self._linear(layer.gate_up, rms_norm(x, layer.post_norm, w.eps)).chunk(2, dim=-1)  # [N, I]
+            x = x + self._linear(layer.down, F.silu(gate) * up)
+        hidden, rows = [], []
+        for p, part in zip(passes, x.split(sizes)):
+            p.cache.advance(len(p.tokens))
+            hidden.append(rms_norm(part, w.norm, w.eps))  # [n, hidden]
+            rows.append(logit_rows(hidden[-1], p.logits))
+        counts = [r.shape[0] for r in rows]
+        logits = self._linear(w.lm_head, torch.cat(rows)).float() if sum(counts) else None  # [rows, V]
+        parts = logits.split(counts) if logits is not None else [None] * len(passes)
+        return [PassOutput(part if p.logits != "none" else None, h.float() if p.hidden else None)
+                for p, part, h in zip(passes, parts, hidden)]
+
+    def _linear(self, linear, x: torch.Tensor) -> torch.Tensor:
+        return apply_linear(linear, x, self.plan.get(x.shape[0]))
+
+    def _prepare(self, p: SeqPass) -> tuple[torch.Tensor, torch.Tensor, Attention]:
+        """Cache room, then rotary rows [n, D] x2 and what attention needs (see Attention)."""
+        n, start = len(p.tokens), p.cache.length
+        p.cache.reserve(start + n)
+        positions = list(range(start, start + n)) if p.positions is None else p.positions
+        position_ids = torch.tensor(positions, dtype=torch.long, device=self.device)  # [n]
+        cos, sin = self.rotary.at(position_ids, max(positions) + 1)
+        if self._row_invariant:
+            return cos, sin, Attention(None, row_groups(start, n, p.mask, self.max_length, self.device))
+        mask = p.mask
+        if mask is None and n > 1:  # causal: token i sees the cache and the new tokens up to itself
+            mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(diagonal=start)
+        return cos, sin, Attention(None if mask is None else mask[None, None], [])
+
+    def _attend(self, cache: KVCache, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                attention: Attention) -> torch.Tensor:
+        """Write k, v [KV, n, D] after the cache's entries, attend with q [H, n, D] -> [n, H * D]."""
+        w, n = self.weights, q.shape[1]
+        cache.write(slot, k, v)
+        if not attention.groups:
+            end = cache.length + n
+            keys, values = cache.keys[slot, :, :end], cache.values[slot, :, :end]  # [KV, end, D]
+            attn = F.scaled_dot_product_attention(q[None], keys[None].to(q.dtype), values[None].to(q.dtype),
+                                                  attn_mask=attention.mask,
+                                                  enable_gqa=w.heads != w.kv_heads)[0]  # [H, n, D]
+        else:
+            parts = [row_invariant_attention(q[:, g.rows], *_group_keys(cache, slot, g), g.hidden)
+                     for g in attention.groups]
+            attn = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+        return attn.transpose(0, 1).reshape(n, w.heads * w.head_dim)
+
+
+def _group_keys(cache: KVCache, slot: int, group: RowGroup) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values [KV, length, D (+1)] a row group reads."""
+    if group.index is None:
+        return cache.keys[slot, :, : group.length], cache.values[slot, :, : group.length]
+    return cache.keys[slot][:, group.index], cache.values[slot][:, group.index]

@@ -1,0 +1,146 @@
+"""Pass shapes chosen per machine: measured once at load, cached on disk, used for every pass.
+
+Which kernel is fastest for a pass of n rows differs between CPUs: on an AMD EPYC a one-token
+fp32 pass through MKL's gemv path took twice as long as a four-token pass through oneDNN's
+packed kernel, on an Intel Xeon the reverse. So a backend times its own layers at a few row
+counts, both ways where it has two kernels, with and without padding to a larger row count,
+and keeps the fastest for each count. Padding adds rows after the real ones that no real row
+reads, so the choice changes speed, never a real row's arithmetic (at fp32 the two kernels
+may round differently in the last bits, as any two fp32 kernels do).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from quickdraft.models.linear import Kernel, PackedLinear, apply_linear
+
+ROW_GRID = (1, 2, 3, 4, 5, 6, 8, 12, 16)  # row counts timed; counts between take the next one up
+PAD_GRID = (1, 2, 3, 4, 6, 8)  # token counts timed for the transformers backend
+REPEATS = 5  # rounds over every case; the median of each case's rounds counts
+
+
+def machine_key() -> str:
+    """What decides kernel speed here: the processor (name and feature flags), torch, threads."""
+    cpu = platform.machine()
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        names = [line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(("model name", "flags"))]
+        cpu += "|" + "|".join(dict.fromkeys(names))
+    except OSError:
+        cpu += "|" + platform.processor()
+    if torch.cuda.is_available():
+        cpu += "|" + torch.cuda.get_device_name()
+    return f"{cpu}|torch {torch.__version__}|threads {torch.get_num_threads()}"
+
+
+def cached_choice(folder: Path | None, signature: dict, measure: Callable[[], dict[int, list]]) -> dict[int, list]:
+    """measure() once per machine and signature; later loads read the JSON file it left."""
+    text = json.dumps({"machine": machine_key(), **signature}, sort_keys=True)
+    path = None if folder is None else folder / f"{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
+    if path is not None and path.is_file():
+        try:
+            return {int(n): choice for n, choice in json.loads(path.read_text())["choice"].items()}
+        except (ValueError, KeyError, OSError):
+            pass  # unreadable: measure again
+    choice = measure()
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"signature": json.loads(text), "choice": choice}, indent=1))
+        except OSError:
+            pass  # a read-only cache only costs the next load a measurement
+    return choice
+
+
+def fastest_at_or_above(costs: dict[tuple, float], grid: tuple[int, ...]) -> dict[int, tuple]:
+    """For every n up to the grid's top: the cheapest measured (way, rows) with rows >= n."""
+    return {n: min((key for key in costs if key[-1] >= n), key=lambda key: (costs[key], key[-1]))
+            for n in range(1, grid[-1] + 1)}
+
+
+def _ms(run: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    run()
+    return 1000 * (time.perf_counter() - start)
+
+
+def measure_row_plan(weights, folder: Path | None, progress: bool = True) -> dict[int, Kernel]:
+    """The native backend's Kernel per row count: packed or plain kernel (fp32), padded or not.
+    Empty where there is nothing to choose (bf16's column layout already pads to 16 rows)."""
+    linears = [linear for layer in weights.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    linears.append(weights.lm_head)
+    if all(type(linear).__name__ == "ColumnLinear" for linear in linears):
+        return {}
+    ways = (True, False) if any(isinstance(x, PackedLinear) and x.has_packed for x in linears) else (True,)
+    signature = {"backend": "native", "precision": weights.precision, "device": str(weights.device),
+                 "shapes": sorted({tuple(_shape(x)) for x in linears}), "layers": len(weights.layers),
+                 "grid": ROW_GRID}
+
+    def measure() -> dict[int, list]:
+        inputs = {_shape(x)[1] for x in linears}
+        generator = torch.Generator().manual_seed(0)
+        cases = [(packed, rows) for rows in ROW_GRID for packed in ways]
+        xs = {(size, rows): torch.randn(rows, size, generator=generator).to(weights.dtype).to(weights.device)
+              for size in inputs for rows in ROW_GRID}
+
+        def run(packed: bool, rows: int) -> None:
+            for linear in linears:
+                apply_linear(linear, xs[(_shape(linear)[1], rows)], Kernel(packed))
+
+        costs: dict[tuple, list[float]] = {case: [] for case in cases}
+        with torch.inference_mode():
+            run(*cases[0])  # warm-up
+            for _ in tqdm(range(REPEATS), desc=f"quickdraft: timing {weights.precision} pass shapes (once)",
+                          unit="round", disable=not progress, file=sys.stderr):
+                for case in cases:  # interleaved: drift hits every case alike
+                    costs[case].append(_ms(lambda: run(*case)))
+        best = fastest_at_or_above({case: statistics.median(t) for case, t in costs.items()}, ROW_GRID)
+        return {n: [packed, rows if rows > n else 0] for n, (packed, rows) in best.items()}
+
+    return {n: Kernel(bool(packed), int(rows)) for n, (packed, rows) in cached_choice(folder, signature, measure).items()
+            if (packed, rows) != (True, 0)}
+
+
+def measure_pad_plan(backend, folder: Path | None, progress: bool = True) -> dict[int, int]:
+    """The transformers backend's token count to run for each pass size (padding after the real tokens)."""
+    from quickdraft.backends.base import SeqPass
+
+    model = backend.model
+    signature = {"backend": "hf", "model": type(model).__name__, "config": model.config.to_json_string(),
+                 "device": str(backend.device), "grid": PAD_GRID}
+
+    def measure() -> dict[int, list]:
+        context = [(1 + i) % backend.vocab_size for i in range(32)]
+        cache = backend.new_cache()
+        backend.forward([SeqPass(cache, context, logits="none")])
+
+        def run(rows: int) -> None:
+            backend.forward([SeqPass(cache, [context[-1]] * rows)])
+            cache.truncate(len(context))
+
+        costs: dict[tuple, list[float]] = {(rows,): [] for rows in PAD_GRID}
+        run(1)
+        for _ in tqdm(range(REPEATS), desc="quickdraft: timing transformers pass shapes (once)", unit="round",
+                      disable=not progress, file=sys.stderr):
+            for case in costs:
+                costs[case].append(_ms(lambda: run(case[0])))
+        best = fastest_at_or_above({case: statistics.median(t) for case, t in costs.items()}, PAD_GRID)
+        return {n: [rows] for n, (rows,) in best.items()}
+
+    return {n: int(choice[0]) for n, choice in cached_choice(folder, signature, measure).items() if choice[0] > n}
+
+
+def _shape(linear) -> tuple[int, int]:
+    """(out, in) of any of the native backend's linear layers."""
+    return linear.out_features, linear.in_features

@@ -1,0 +1,199 @@
+"""Every setting a user can give, declared once: name, default, validation, help.
+
+The Python API (`load`, `Decoder`, `with_method`), the CLI flags of generate, serve and bench,
+`METHOD:key=value` specs (accepted by all three) and the server's `quickdraft` request object
+are all built from OPTIONS, so a default or a bound lives in exactly one place.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from quickdraft.errors import QuickdraftError
+
+MAX_K = 64  # draft tokens per pass: beyond this a pass costs more than any draft can repay
+MAX_TREE_NODES = 256
+
+
+def parse_layers(text: str) -> int | list[int] | str:
+    """'8' -> 8 (the first 8 layers); '0,1,5' or '0+1+5' -> [0, 1, 5] (layers kept); 'auto' -> calibrate."""
+    if text == "auto":
+        return text
+    parts = text.replace("+", ",").split(",")
+    try:
+        return [int(part) for part in parts] if len(parts) > 1 else int(text)
+    except ValueError:
+        raise QuickdraftError(f"layers must be L, a list of layers (0,1,5 or 0+1+5) or auto; got {text!r}",
+                              "layers") from None
+
+
+def parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting. default None means another rule decides (the method's or the device's default).
+    methods: the methods that read it (empty: every speculative method); model: it chooses how the
+    target runs (backend, precision, device) rather than how drafting runs."""
+
+    name: str
+    help: str
+    kind: type = int  # int, float, str or bool
+    default: Any = None
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] | None = None
+    methods: tuple[str, ...] = ()
+    model: bool = False
+    parser: Callable[[str], Any] | None = None  # text -> value, where the kind's own parse is not enough
+    validate: Callable[[Any], Any] | None = None  # value -> allowed value, where kind and bounds are not enough
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def parse(self, text: str) -> Any:
+        """A value from text (a CLI flag, a spec), then checked."""
+        if self.parser is not None:
+            return self.check(self.parser(text))
+        try:
+            value = parse_bool(text) if self.kind is bool else self.kind(text)
+        except ValueError:
+            raise QuickdraftError(f"{self.name} must be {self._kind_name()}, got {text!r}", self.name) from None
+        return self.check(value)
+
+    def check(self, value: Any) -> Any:
+        """The value if it is allowed, else a QuickdraftError naming the option and its bounds."""
+        if value is None:
+            return None
+        if self.validate is not None:
+            return self.validate(value)
+        if self.kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if self.kind is int and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, self.kind) or (self.kind is int and isinstance(value, bool)):
+            raise QuickdraftError(f"{self.name} must be {self._kind_name()}, got {value!r}", self.name)
+        if self.choices is not None and value not in self.choices:
+            raise QuickdraftError(f"unknown {self.name} {value!r}; choose one of: {', '.join(self.choices)}", self.name)
+        exclusive = self.kind is float  # a probability-like bound: the ends themselves are not allowed
+        too_low = self.low is not None and not (value > self.low if exclusive else value >= self.low)
+        too_high = self.high is not None and not (value < self.high if exclusive else value <= self.high)
+        if too_low or too_high or (self.kind is float and value != value):
+            raise QuickdraftError(f"{self.name} must be {self._range()}, got {value}", self.name)
+        return value
+
+    def _kind_name(self) -> str:
+        return {int: "an integer", float: "a number", str: "text", bool: "true or false"}[self.kind]
+
+    def _range(self) -> str:
+        if self.kind is float:
+            return f"in ({self.low:g}, {self.high:g})"
+        if self.high is None:
+            return f">= {self.low}"
+        return f"in {self.low}..{self.high}"
+
+
+def _check_layers(value: Any) -> int | tuple[int, ...] | str:
+    if value == "auto":
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value  # the model's own layer count bounds it (models/layer_subset.py)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
+        return tuple(value)
+    raise QuickdraftError(f"layers must be L, a list of layers to keep or auto; got {value!r}", "layers")
+
+
+HEADS = ("eagle", "medusa")
+DRAFT_MODELS = ("draft", "self-spec")
+
+OPTIONS: tuple[Option, ...] = (
+    Option("k", "draft tokens per target pass (eagle/medusa: the tree's depth); default per method",
+           low=1, high=MAX_K),
+    Option("draft_length", "fixed K; adaptive (grow after full accepts, shrink after rejections); cost (the K, "
+           "or none, that maximises expected tokens/s from measured times); default: cost for prompt-lookup, "
+           "else fixed", kind=str, choices=("fixed", "adaptive", "cost")),
+    Option("k_max", "upper bound on K for adaptive and cost", default=16, low=1, high=MAX_K),
+    Option("confidence", "draft models: stop drafting when the draft's top probability falls below this",
+           kind=float, low=0.0, high=1.0, methods=DRAFT_MODELS),
+    Option("max_ngram", "prompt lookup: longest n-gram to match", default=3, low=1, high=MAX_K,
+           methods=("prompt-lookup",)),
+    Option("min_ngram", "prompt lookup: shortest n-gram to match", default=2, low=1, high=MAX_K,
+           methods=("prompt-lookup",)),
+    Option("layers", "self-spec: L (the first L layers), a list of layers to keep (0,1,5), or auto (calibrate); "
+           "default a quarter of the layers", kind=str, methods=("self-spec",), parser=parse_layers,
+           validate=lambda value: _check_layers(value)),
+    Option("window", "lookahead: Jacobi window width W", default=4, low=1, high=MAX_K, methods=("lookahead",)),
+    Option("ngram", "lookahead: n-gram size N", default=3, low=2, high=16, methods=("lookahead",)),
+    Option("candidates", "lookahead: n-grams verified per pass G", default=4, low=1, high=MAX_K,
+           methods=("lookahead",)),
+    Option("head", "eagle/medusa: folder of a trained head (default: the one shipped for the embedded target)",
+           kind=str, methods=HEADS),
+    Option("tree_top_k", "eagle/medusa: children per expanded node and nodes expanded per tree level",
+           default=4, low=1, high=MAX_K, methods=HEADS),
+    Option("tree_nodes", "eagle/medusa: draft tokens verified per pass", default=4, low=1, high=MAX_TREE_NODES,
+           methods=HEADS),
+    Option("tree", "eagle/medusa: dynamic (EAGLE-2: the most confident paths) or static (a fixed shape)",
+           kind=str, default="dynamic", choices=("dynamic", "static"), methods=HEADS),
+    Option("full_vocab", "eagle/medusa: draft over the whole vocabulary, not the head's most frequent tokens",
+           kind=bool, default=False, methods=HEADS),
+    Option("backend", "auto (native for Llama, Mistral, Qwen2; else transformers), native or hf (transformers)",
+           kind=str, default="auto", choices=("auto", "native", "hf"), model=True),
+    Option("precision", "fp32, bf16, int8 (per-channel weights) or int4 (groups of 32; a GGUF's own 4-bit "
+           "blocks); default fp32 on a CPU, bf16 on a GPU", kind=str, choices=("fp32", "bf16", "int8", "int4"),
+           model=True),
+    Option("device", "auto (a CUDA GPU when present, else the CPU), cpu or cuda (cuda:N)", kind=str,
+           default="auto", model=True, validate=lambda value: check_device(value)),
+)
+OPTION = {option.name: option for option in OPTIONS}
+MODEL_OPTIONS = tuple(o.name for o in OPTIONS if o.model)
+
+
+def check_names(settings: Mapping[str, Any]) -> None:
+    unknown = sorted(set(settings) - set(OPTION))
+    if unknown:
+        raise QuickdraftError(f"unknown option {unknown[0]!r}; options are: {', '.join(OPTION)}", unknown[0])
+
+
+def checked(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Known names, allowed values (None values dropped: None means the default)."""
+    check_names(settings)
+    return {name: OPTION[name].check(value) for name, value in settings.items() if value is not None}
+
+
+def check_device(value: Any) -> str:
+    value = str(value)
+    if value != "auto" and value != "cpu" and not value.startswith("cuda"):
+        raise QuickdraftError(f"unknown device {value!r}; choose one of: auto, cpu, cuda", "device")
+    return value
+
+
+def parse_spec(spec: str, expand: bool = False) -> list[tuple[str, str, dict[str, Any]]]:
+    """'METHOD[:key=value,...]' -> [(label, method, settings)]. With expand, a value 'a/b/c' gives one
+    entry each (the bench's sweeps); without, the spec is one entry."""
+    method, _, rest = spec.partition(":")
+    choices: list[list[tuple[str, Any]]] = []
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not value:
+            raise QuickdraftError(f"bad method setting {item!r} in {spec!r}; expected key=value")
+        check_names({key: None})
+        values = value.split("/") if expand else [value]
+        choices.append([(key, OPTION[key].parse(v)) for v in values])
+    expanded = []
+    for combination in itertools.product(*choices):
+        label = ",".join(f"{key}={_label(value)}" for key, value in combination)
+        expanded.append((f"{method}:{label}" if label else method, method, dict(combination)))
+    return expanded
+
+
+def _label(value: Any) -> str:
+    return "+".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)

@@ -1,0 +1,89 @@
+"""Pass shapes chosen per machine: any kernel or padding gives every real row the same result,
+the choice is measured once and read back from its file, and decoding is unchanged by it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from quickdraft import Decoder
+from quickdraft.backends.hf import HFBackend
+from quickdraft.backends.native import NativeBackend
+from quickdraft.backends.shapes import ROW_GRID, fastest_at_or_above, measure_pad_plan, measure_row_plan
+from quickdraft.models.linear import Kernel, apply_linear
+from quickdraft.models.native import NativeWeights
+
+from conftest import loaded, tiny_llama
+from seq_util import Seq
+
+KERNELS = [Kernel(True, 0), Kernel(False, 0), Kernel(True, 16), Kernel(False, 12)]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "int4"])
+def test_every_kernel_and_padding_gives_each_row_the_same_result(tiny_target, precision):
+    weights = NativeWeights.from_model(tiny_target, precision)
+    layers = [weights.lm_head, weights.layers[0].qkv, weights.layers[0].down]
+    generator = torch.Generator().manual_seed(0)
+    for linear in layers:
+        x = torch.randn(5, linear.in_features, generator=generator).to(weights.dtype)  # [5, in]
+        reference = apply_linear(linear, x, None)
+        for kernel in KERNELS:
+            got = apply_linear(linear, x, kernel)
+            assert got.shape == reference.shape
+            if precision == "fp32":  # two fp32 kernels may round differently in the last bits
+                assert torch.allclose(got, reference, atol=1e-5), kernel
+            else:  # below fp32 rows are computed on their own: padding changes nothing
+                assert torch.equal(got, reference), kernel
+
+
+def test_the_fastest_shape_at_or_above_each_row_count():
+    costs = {(True, 1): 5.0, (False, 1): 2.0, (True, 2): 9.0, (False, 2): 9.0, (True, 4): 3.0, (False, 4): 8.0}
+    assert fastest_at_or_above(costs, (1, 2, 4)) == {1: (False, 1), 2: (True, 4), 3: (True, 4), 4: (True, 4)}
+
+
+def test_the_row_plan_is_measured_once_then_read_from_its_file(tmp_path):
+    weights = NativeWeights.from_model(tiny_llama(seed=1), "fp32")
+    plan = measure_row_plan(weights, tmp_path, progress=False)
+    [saved] = list(tmp_path.glob("*.json"))
+    data = json.loads(saved.read_text())
+    assert sorted(map(int, data["choice"])) == list(range(1, ROW_GRID[-1] + 1))
+    assert all(isinstance(kernel, Kernel) and (kernel.rows == 0 or kernel.rows > n) for n, kernel in plan.items())
+    data["choice"] = {str(n): [False, 16] for n in range(1, 17)}  # as if this machine had measured that
+    saved.write_text(json.dumps(data))
+    assert measure_row_plan(weights, tmp_path, progress=False) == {n: Kernel(False, 16) for n in range(1, 17)}
+    # Nothing to choose for bf16: its column layout already pads every pass to 16 rows.
+    assert measure_row_plan(NativeWeights.from_model(tiny_llama(seed=1), "bf16"), tmp_path, progress=False) == {}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_a_forced_plan_changes_no_logit_and_no_token(tiny_target, precision):
+    weights = NativeWeights.from_model(tiny_target, precision)
+    plain, padded = NativeBackend(weights, "t"), NativeBackend(weights, "t", plan={n: Kernel(False, 16)
+                                                                                     for n in range(1, 17)})
+    tokens = [5, 1, 4, 1, 5, 9, 2, 6]
+    for n in (1, 3, 8):
+        a, b = Seq(plain).forward(tokens[:n]), Seq(padded).forward(tokens[:n])
+        assert torch.equal(a, b) if precision == "int4" else torch.allclose(a, b, atol=1e-5)
+    target = loaded(tiny_target, "t")
+    reference = Decoder(target, None, "none", precision=precision, measure_shapes=False)
+    decoder = Decoder(target, None, "prompt-lookup", 4, precision=precision, measure_shapes=False)
+    decoder.target_backend.plan = padded.plan  # this decoder's backend (not shared: measure_shapes=False)
+    prompt = [1, 2, 3, 1, 2, 3, 1]
+    assert decoder.generate(prompt, 30).token_ids == reference.generate(prompt, 30).token_ids
+
+
+def test_the_transformers_backend_pads_passes_and_keeps_its_cache_exact(tiny_target, tmp_path):
+    plain, padded = HFBackend(tiny_target, "t"), HFBackend(tiny_target, "t", plan={1: 4, 2: 4, 3: 8})
+    a, b = Seq(plain), Seq(padded)
+    for tokens in ([1, 2, 3, 4, 5], [6], [7, 8], [9, 10, 11]):
+        assert torch.allclose(a.forward(tokens), b.forward(tokens), atol=1e-5)
+        assert a.length == b.length
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # a tree pass, padded too
+    mask = torch.cat([torch.ones(3, a.length, dtype=torch.bool), tree], dim=1)
+    positions = [a.length, a.length + 1, a.length + 1]
+    assert torch.allclose(a.forward([3, 4, 5], positions=positions, mask=mask),
+                          b.forward([3, 4, 5], positions=positions, mask=mask), atol=1e-5)
+    plan = measure_pad_plan(plain, tmp_path, progress=False)
+    assert all(size > n for n, size in plan.items()) and list(tmp_path.glob("*.json"))
