@@ -18,6 +18,8 @@ PROMPTS = [[1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [30, 4, 17, 30, 4]]
 def make_decoder(target, draft, method: str, k: int | None = None, device: str = "cpu") -> Decoder:
     draft_model = loaded(draft, "draft") if method == "draft" else None
     options = {"layers": 1} if method == "self-spec" else {}  # the tiny models have 2 layers
+    if method != "none":  # drafts every step: the cost model may choose K = 0 on tiny models (test_draft_length)
+        options["draft_length"] = "fixed"
     return Decoder(loaded(target, "target"), draft_model, method, k, device=device, **options)
 
 

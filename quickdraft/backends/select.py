@@ -10,7 +10,7 @@ import torch
 from quickdraft.backends.base import Backend
 from quickdraft.backends.hf import HFBackend
 from quickdraft.backends.native import NativeBackend
-from quickdraft.backends.shapes import measure_pad_plan, measure_row_plan
+from quickdraft.backends.shapes import measure_dense_kernel, measure_pad_plan, measure_row_plan
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.gguf_blocks import cached_int4_blocks
 from quickdraft.models.layer_subset import layer_subset_model
@@ -78,7 +78,7 @@ def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32
         if layers is not None:
             backend = NativeBackend(whole.weights, loaded.name, loaded.tokenizer, loaded.eos_ids, layers, whole.plan)
         else:
-            weights = native_weights(loaded, precision, device)
+            weights = native_weights(loaded, precision, device, folder / "pass_shapes" if measure else None)
             backend = NativeBackend(weights, loaded.name, loaded.tokenizer, loaded.eos_ids)
             if measure:
                 backend.plan = measure_row_plan(weights, folder / "pass_shapes")
@@ -100,14 +100,21 @@ def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32
     return backend
 
 
-def native_weights(loaded: LoadedModel, precision: str, device: torch.device) -> NativeWeights:
-    """Weights at `precision` on `device`, extracted once; int4 from a GGUF file takes the file's own 4-bit blocks."""
-    key = (precision, str(device))
+def native_weights(loaded: LoadedModel, precision: str, device: torch.device,
+                   shapes: Path | None = None) -> NativeWeights:
+    """Weights at `precision` on `device`, extracted once; int4 from a GGUF file takes the file's own
+    4-bit blocks. shapes: where measured kernel choices live (bf16 on a CPU: multiplied as bf16 or
+    widened to fp32, whichever this machine does faster); None: bf16 as it is."""
+    dense = "bf16"
+    if shapes is not None and precision == "bf16" and device.type == "cpu":
+        dense = measure_dense_kernel(loaded.model, shapes)
+    key = (precision, str(device), dense)
     if key not in loaded.native:
         blocks = None
         if precision == "int4" and loaded.gguf is not None and loaded.converted is not None:
             blocks = cached_int4_blocks(loaded.gguf, loaded.model, loaded.converted / "int4_blocks.safetensors")
-        loaded.native[key] = NativeWeights.from_model(loaded.model, precision, int4_blocks=blocks, device=device)
+        loaded.native[key] = NativeWeights.from_model(loaded.model, precision, int4_blocks=blocks, device=device,
+                                                      dense_kernel=dense)
     return loaded.native[key]
 
 

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -44,13 +45,13 @@ def machine_key() -> str:
     return f"{cpu}|torch {torch.__version__}|threads {torch.get_num_threads()}"
 
 
-def cached_choice(folder: Path | None, signature: dict, measure: Callable[[], dict[int, list]]) -> dict[int, list]:
+def cached_choice(folder: Path | None, signature: dict, measure: Callable[[], Any]) -> Any:
     """measure() once per machine and signature; later loads read the JSON file it left."""
     text = json.dumps({"machine": machine_key(), **signature}, sort_keys=True)
     path = None if folder is None else folder / f"{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
     if path is not None and path.is_file():
         try:
-            return {int(n): choice for n, choice in json.loads(path.read_text())["choice"].items()}
+            return json.loads(path.read_text())["choice"]
         except (ValueError, KeyError, OSError):
             pass  # unreadable: measure again
     choice = measure()
@@ -108,8 +109,8 @@ def measure_row_plan(weights, folder: Path | None, progress: bool = True) -> dic
         best = fastest_at_or_above({case: statistics.median(t) for case, t in costs.items()}, ROW_GRID)
         return {n: [packed, rows if rows > n else 0] for n, (packed, rows) in best.items()}
 
-    return {n: Kernel(bool(packed), int(rows)) for n, (packed, rows) in cached_choice(folder, signature, measure).items()
-            if (packed, rows) != (True, 0)}
+    choice = cached_choice(folder, signature, measure)
+    return {int(n): Kernel(bool(packed), int(rows)) for n, (packed, rows) in choice.items() if (packed, rows) != (True, 0)}
 
 
 def measure_pad_plan(backend, folder: Path | None, progress: bool = True) -> dict[int, int]:
@@ -138,7 +139,35 @@ def measure_pad_plan(backend, folder: Path | None, progress: bool = True) -> dic
         best = fastest_at_or_above({case: statistics.median(t) for case, t in costs.items()}, PAD_GRID)
         return {n: [rows] for n, (rows,) in best.items()}
 
-    return {n: int(choice[0]) for n, choice in cached_choice(folder, signature, measure).items() if choice[0] > n}
+    choice = cached_choice(folder, signature, measure)
+    return {int(n): int(size[0]) for n, size in choice.items() if size[0] > int(n)}
+
+
+def measure_dense_kernel(model, folder: Path | None, progress: bool = True) -> str:
+    """"bf16" or "fp32": how this machine multiplies bf16 weights faster (natively, or widened to
+    fp32; see models/linear.py ColumnLinear), timed on the first layer's matrices at 16 rows."""
+    from quickdraft.models.linear import ColumnLinear
+
+    layer = model.model.layers[0]
+    matrices = [layer.self_attn.q_proj.weight, layer.self_attn.o_proj.weight, layer.mlp.gate_proj.weight,
+                layer.mlp.down_proj.weight]
+    signature = {"backend": "native", "dense": "bf16", "shapes": [list(m.shape) for m in matrices]}
+
+    def measure() -> str:
+        weights = [m.detach().to(torch.bfloat16) for m in matrices]
+        kinds = {"bf16": [ColumnLinear(w) for w in weights], "fp32": [ColumnLinear(w.float()) for w in weights]}
+        xs = [torch.randn(16, w.shape[1], generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+              for w in weights]
+        costs: dict[str, list[float]] = {kind: [] for kind in kinds}
+        with torch.inference_mode():
+            for _ in tqdm(range(REPEATS), desc="quickdraft: timing bf16 matrix products (once)", unit="round",
+                          disable=not progress, file=sys.stderr):
+                for kind, linears in kinds.items():
+                    costs[kind].append(_ms(lambda: [linear(x) for linear, x in zip(linears, xs)]))
+        # Widening doubles the bytes read: take it only where bf16 arithmetic is clearly slower.
+        return "fp32" if statistics.median(costs["fp32"]) < 0.5 * statistics.median(costs["bf16"]) else "bf16"
+
+    return str(cached_choice(folder, signature, measure))
 
 
 def _shape(linear) -> tuple[int, int]:

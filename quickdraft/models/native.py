@@ -61,10 +61,12 @@ class NativeWeights:
     @classmethod
     def from_model(cls, model: PreTrainedModel, precision: str | Precision = "fp32", pack: bool = True,
                    int4_blocks: dict[str, Int4Weight] | None = None,
-                   device: torch.device | str = "cpu") -> NativeWeights:
+                   device: torch.device | str = "cpu", dense_kernel: str = "bf16") -> NativeWeights:
         """`pack=False` keeps plain dense weights (F.linear), which torch.compile can trace.
         `int4_blocks`: a GGUF file's own 4-bit blocks by parameter name, used as they are.
-        `device`: where every weight lives (int8/int4 kernels: CPU only)."""
+        `device`: where every weight lives (int8/int4 kernels: CPU only).
+        `dense_kernel` (bf16 only): "fp32" multiplies the bf16 weights as fp32 numbers, for CPUs
+        without bf16 arithmetic (backends/shapes.py measures which is faster)."""
         config = model.config
         if not supports(model):
             raise QuickdraftError(f"the native backend supports {', '.join(SUPPORTED_ARCHITECTURES)}, "
@@ -84,7 +86,9 @@ class NativeWeights:
 
         def dense(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
             # bf16: row-invariant, so greedy speculation stays exact; fp32 differs only in rounding.
-            return PackedLinear(weight, bias, pack) if dtype == torch.float32 else ColumnLinear(weight, bias)
+            if dtype == torch.float32:
+                return PackedLinear(weight, bias, pack)
+            return ColumnLinear(weight.float() if dense_kernel == "fp32" else weight, bias)
 
         def linear(modules: list[torch.nn.Module], requantize_as: str = precision.weights) -> Linear:
             """One layer for the modules' weights fused along outputs (and their biases, if all have

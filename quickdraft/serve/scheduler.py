@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +58,9 @@ class _Active:
     generation: Generation
 
 
+DECODERS_KEPT = 32  # request decoders kept for reuse (they hold no caches: a few objects each)
+
+
 class Scheduler:
     """Runs jobs in a background thread, at most `max_batch` at a time, `max_queue` waiting."""
 
@@ -69,6 +72,7 @@ class Scheduler:
         self.metrics = metrics or ServerMetrics()
         self._waiting: deque[Job] = deque()
         self._active: list[_Active] = []
+        self._decoders: OrderedDict[tuple, Decoder] = OrderedDict()  # (method, settings) -> decoder, LRU
         self._lock = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="quickdraft-scheduler", daemon=True)
@@ -130,10 +134,16 @@ class Scheduler:
                 self.metrics.active.set(0)
 
     def _decoder_for(self, job: Job) -> Decoder:
-        """The request's decoder: the server's, or another over the same models (cheap: shared parts)."""
+        """The request's decoder: the server's, or another over the same models (cheap: shared parts),
+        kept for the next request with the same settings so its cost model's timings carry over."""
         if job.method is None and not job.settings:
             return self.decoder
-        return self.decoder.with_method(job.method, **job.settings)
+        key = (job.method, tuple(sorted((name, repr(value)) for name, value in job.settings.items())))
+        decoder = self._decoders.pop(key, None) or self.decoder.with_method(job.method, **job.settings)
+        self._decoders[key] = decoder
+        while len(self._decoders) > DECODERS_KEPT:
+            self._decoders.popitem(last=False)
+        return decoder
 
     def _admit(self) -> None:
         joining: list[_Active] = []
