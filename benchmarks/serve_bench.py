@@ -78,6 +78,14 @@ def run_library(decoder, prompts: list[str], method: str, max_tokens: int) -> di
     return {"requests": len(prompts), "tokens": tokens, "seconds": wall, "tokens_per_second": tokens / wall}
 
 
+def write_report(folder: Path, report: str, raw: dict) -> None:
+    """Print the report; write it and the raw figures to folder/report.md and folder/raw.json."""
+    print(report)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.md").write_text(report + "\n")
+    (folder / "raw.json").write_text(json.dumps(raw, indent=1))
+
+
 def start_server(precision: str, max_batch: int, max_tokens: int) -> tuple[subprocess.Popen, str]:
     """`quickdraft serve` in its own process on a free port; returns it once /health answers."""
     with socket.socket() as probe:
@@ -153,12 +161,8 @@ def main() -> None:
             served = results[(method, 1)]["tokens_per_second"]
             lines.append(f"| {method} | {lib['tokens_per_second']:.1f} | {served:.1f} | "
                          f"{served / lib['tokens_per_second']:.2f}x |")
-    report = "\n".join(lines)
-    print(report)
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "report.md").write_text(report + "\n")
     raw = {f"{m}|{c}": r for (m, c), r in results.items()} | {f"library|{m}": r for m, r in library.items()}
-    (args.output / "raw.json").write_text(json.dumps(raw, indent=1))
+    write_report(args.output, "\n".join(lines), raw)
 
 
 if __name__ == "__main__":

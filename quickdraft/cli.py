@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -72,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
     serve.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those (then 429)")
     serve.add_argument("--max-tokens-limit", type=int, default=2048, help="the largest max_tokens accepted")
+    serve.add_argument("--max-body-bytes", type=int, default=2 << 20, help="larger request bodies get a 413")
+    serve.add_argument("--drain-seconds", type=float, default=30.0,
+                       help="on shutdown, how long running requests may finish (then they end with a 503)")
+    serve.add_argument("--api-key", default=os.environ.get("QUICKDRAFT_API_KEY"),
+                       help="require 'Authorization: Bearer KEY' (default: $QUICKDRAFT_API_KEY; unset: open)")
+    serve.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                       help="a Host name to answer besides the bound address (repeatable; e.g. behind a proxy)")
     add_option_flags(serve)
     serve.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
 
@@ -230,21 +238,25 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     import quickdraft
     from quickdraft.serve import create_app
+    from quickdraft.serve.background import DrainingServer, in_passing_thread
+    from quickdraft.serve.gate import allowed_hosts
 
     _set_threads(args.threads)
     for flag, value in (("--max-batch", args.max_batch), ("--max-queue", args.max_queue),
-                        ("--max-tokens-limit", args.max_tokens_limit)):
+                        ("--max-tokens-limit", args.max_tokens_limit), ("--max-body-bytes", args.max_body_bytes)):
         if value < 1:
             raise QuickdraftError(f"{flag} must be >= 1, got {value}")
-    decoder = quickdraft.load(args.target, args.draft, args.method, **given_options(args))
-    app = create_app(decoder, args.model_name, args.max_batch, args.max_queue, args.max_tokens_limit)
+    if args.drain_seconds < 0:
+        raise QuickdraftError(f"--drain-seconds must be >= 0, got {args.drain_seconds}")
+    decoder = in_passing_thread(lambda: quickdraft.load(args.target, args.draft, args.method, **given_options(args)))
+    app = create_app(decoder, args.model_name, args.max_batch, args.max_queue, args.max_tokens_limit,
+                     args.drain_seconds, args.max_body_bytes, args.api_key or None,
+                     allowed_hosts(args.host, args.allowed_host))
     print(f"quickdraft: serving {args.model_name or decoder.target.name} ({decoder.method}, k={decoder.k}) "
-          f"on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+          f"on http://{args.host}:{args.port}/v1" + (" (API key required)" if args.api_key else ""), file=sys.stderr)
+    DrainingServer(app, args.host, args.port).run()
     return 0
 
 

@@ -13,12 +13,12 @@ from transformers import PreTrainedTokenizerBase
 from quickdraft.backends.select import check_precision, default_precision, make_backend, resolve_device
 from quickdraft.calibrate import calibrate_self_spec
 from quickdraft.draft_length import PassCosts, make_draft_length
-from quickdraft.engine import Generation, prefill, step
+from quickdraft.engine import Generation, prefill
 from quickdraft.errors import QuickdraftError
 from quickdraft.methods import MethodConfig, Parts, configure
 from quickdraft.models.loading import LoadedModel, ModelSource, check_same_vocabulary, load_model
 from quickdraft.options import MODEL_OPTIONS
-from quickdraft.sampling import SamplingParams
+from quickdraft.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
 from quickdraft.stats import Stats, StepRecord
 from quickdraft.text import TextStream
 
@@ -38,6 +38,13 @@ class GenerationOutput:
     @property
     def finish_reason(self) -> str:
         return self.stats.finish_reason
+
+    @property
+    def logprobs(self) -> list[TokenLogprob] | None:
+        """Each new token's log-probability under the target (when generate was given logprobs=)."""
+        if not self.steps or self.steps[0].logprobs is None:
+            return None
+        return [entry for step in self.steps for entry in step.logprobs or []]
 
     def to_dict(self) -> dict:
         return {
@@ -164,10 +171,14 @@ class Decoder:
         stop: list[str] | str | None = None,
         chat: bool | None = None,
         text: bool = False,
+        logprobs: int | None = None,
     ) -> Generation:
         """A checked Generation, not prefilled yet (engine.prefill does several at once).
-        text: keep a TextStream (generation.text) even without stop strings, to stream text."""
+        text: keep a TextStream (generation.text) even without stop strings, to stream text;
+        logprobs: record each new token's log-probability with this many alternatives (0..20)."""
         sampling = SamplingParams(temperature, top_k, top_p)
+        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise QuickdraftError(f"logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {logprobs}")
         if max_new_tokens < 1:
             raise QuickdraftError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         prompt_ids = self.encode(prompt, chat)
@@ -193,19 +204,22 @@ class Decoder:
             generator=torch.Generator().manual_seed(seed),
             eos_ids=self.eos_ids,
             text=stream,
+            logprobs=logprobs,
         )
 
     def start(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> Generation:
         """Prefill a prompt and return the Generation; step it yourself to stream (options as generate's)."""
         generation = self.prepare(prompt, max_new_tokens, **options)
         prefill([generation])
+        if generation.error is not None:
+            raise generation.error
         return generation
 
     def generate(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> GenerationOutput:
         """Decode `prompt` (text or token ids). Options: temperature, top_k, top_p, seed, stop, chat."""
         generation = self.start(prompt, max_new_tokens, **options)
         while not generation.done:
-            step([generation])
+            generation.step()
         return self.finish(generation)
 
     def stream(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> Iterator[StepRecord]:

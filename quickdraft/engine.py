@@ -12,12 +12,17 @@ drafter's state and its stats. `step(generations)` advances any set of them toge
 
 The target's cache always holds every token but the last one; each step feeds that last token
 plus the K drafts, so the logits at K + 1 positions score every draft and give the token after them.
+
+A fault in one sequence's own work (its draft, its pass, its verification) ends that sequence
+alone: it finishes with reason "error" and keeps the exception in Generation.error; a batched
+call that fails is retried one sequence at a time, so the others go on. A lone generation
+(Generation.step, Decoder.generate) raises the exception instead.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +30,7 @@ import torch
 from quickdraft.backends.base import Backend, PassOutput, SeqPass
 from quickdraft.draft_length import DraftLength
 from quickdraft.drafters.base import Draft, Drafter, DraftRequest, StepOutcome
-from quickdraft.sampling import SamplingParams
+from quickdraft.sampling import SamplingParams, token_logprobs
 from quickdraft.stats import Stats, StepRecord
 from quickdraft.text import TextStream
 from quickdraft.tree import chain_parents, depths, pass_layout
@@ -65,6 +70,7 @@ class Generation:
         generator: torch.Generator,
         eos_ids: frozenset[int] = frozenset(),
         text: TextStream | None = None,
+        logprobs: int | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
@@ -74,6 +80,7 @@ class Generation:
         self.generator = generator
         self.eos_ids = eos_ids
         self.text = text
+        self.logprobs = logprobs  # alternatives to report with each token's log-probability (None: none)
         self.tokens = list(prompt_ids)  # prompt + accepted tokens
         self.prompt_length = len(prompt_ids)
         self.cache = target.new_cache()
@@ -81,7 +88,8 @@ class Generation:
         self.prefilled = False
         self.steps: list[StepRecord] = []
         self.stats = Stats(prompt_tokens=len(prompt_ids))
-        self.finish_reason: str | None = None
+        self.finish_reason: str | None = None  # eos, stop, length, or error (see .error)
+        self.error: Exception | None = None
         self._started = time.perf_counter()
 
     @property
@@ -93,10 +101,18 @@ class Generation:
         return self.tokens[self.prompt_length :]
 
     def step(self) -> StepRecord:
-        """One target pass for this sequence alone."""
+        """One target pass for this sequence alone; a fault in it is raised here."""
         if not self.prefilled:
             prefill([self])
-        return step([self])[0]
+        record = step([self])[0] if self.error is None else None
+        if self.error is not None:
+            raise self.error
+        return record
+
+    def fail(self, error: Exception) -> None:
+        """End this sequence because its own work raised `error`; the others in its step go on."""
+        self.error = error
+        self.finish_reason = self.stats.finish_reason = "error"
 
     def __iter__(self) -> Iterator[StepRecord]:
         while not self.done:
@@ -133,6 +149,9 @@ class Generation:
         verdict: Verdict = verify_tree(draft.tokens, plan.parents, output.logits[: m + 1], self.sampling,
                                        self.generator, draft.probs)
         emitted = self._emit([*(draft.tokens[i] for i in verdict.path), verdict.next_token])
+        # Row 0 (the root) predicted the first proposed token, the row of each accepted node the next.
+        rows = [0, *(1 + i for i in verdict.path)][: len(emitted)]
+        logprobs = None if self.logprobs is None else token_logprobs(output.logits[rows], emitted, self.logprobs)
         if not self.done:
             # Roll back: the target keeps the prefix, the root and the accepted path; the drafter
             # hears the outcome once and drops whatever it holds past the accepted tokens.
@@ -151,6 +170,7 @@ class Generation:
             draft_time=plan.draft_time,
             verify_time=plan.verify_time + time.perf_counter() - start,
             tree_depth=None if draft.parents is None else max(depths(draft.parents), default=0),
+            logprobs=logprobs,
         )
         self.steps.append(record)
         self.stats.add_step(record)
@@ -183,38 +203,77 @@ def prefill(generations: list[Generation]) -> None:
     start = time.perf_counter()
     for target, group in _grouped(generations, lambda g: g.target):
         want = [g for g in group if g.prompt_length > 1]
-        outputs = target.forward([SeqPass(g.cache, g.tokens[:-1], logits="none", hidden=g.drafter.needs_hidden)
-                                  for g in want]) if want else []
-        hidden = {id(g): out.hidden for g, out in zip(want, outputs)}
+        hidden = _isolated(want, lambda gs: [out.hidden for out in target.forward(
+            [SeqPass(g.cache, g.tokens[:-1], logits="none", hidden=g.drafter.needs_hidden) for g in gs])],
+            rewind=lambda g: g.cache.truncate(0))
         for g in group:
-            g.draft_state = g.drafter.begin(g.tokens, hidden.get(id(g)))  # hidden: [prompt - 1, H] or None
             g.prefilled = True
+            if not g.done:  # hidden: [prompt - 1, H] or None
+                _each([g], lambda g: setattr(g, "draft_state", g.drafter.begin(g.tokens, hidden.get(id(g)))))
     elapsed = time.perf_counter() - start
     for g in generations:
         g.stats.prefill_time = elapsed
 
 
-def step(generations: list[Generation]) -> list[StepRecord]:
-    """One step of every generation: draft all, one target pass per backend, complete each."""
+def step(generations: list[Generation]) -> list[StepRecord | None]:
+    """One step of every generation: draft all, one target pass per backend, complete each.
+    Returns each one's record; None for one that failed in this step (see Generation.error)."""
+    assert not any(g.done for g in generations), "generation already finished"
     plans: dict[int, PassPlan] = {}
     for drafter, group in _grouped(generations, lambda g: g.drafter):
         start = time.perf_counter()
-        asked = [g.plan_request() for g in group]
-        drafts = drafter.propose([request for _, _, request in asked])
+        asked = _each(group, lambda g: g.plan_request())
+        drafts = _isolated([g for g in group if not g.done],
+                           lambda gs: drafter.propose([asked[id(g)][2] for g in gs]))
         elapsed = time.perf_counter() - start
-        for g, (k, room, _), draft in zip(group, asked, drafts):
-            plans[id(g)] = g.lay_out(k, room, draft, elapsed)
+        for g in group:
+            if id(g) in drafts:
+                k, room, _ = asked[id(g)]
+                plans.update(_each([g], lambda g: g.lay_out(k, room, drafts[id(g)], elapsed)))
     outputs: dict[int, PassOutput] = {}
-    for target, group in _grouped(generations, lambda g: g.target):
+    for target, group in _grouped([g for g in generations if not g.done], lambda g: g.target):
         start = time.perf_counter()
-        passes = [SeqPass(g.cache, plans[id(g)].inputs, plans[id(g)].positions, plans[id(g)].mask,
-                          hidden=g.drafter.needs_hidden) for g in group]
-        for g, out in zip(group, target.forward(passes)):
-            outputs[id(g)] = out
+        outputs.update(_isolated(group, lambda gs: target.forward(
+            [SeqPass(g.cache, plans[id(g)].inputs, plans[id(g)].positions, plans[id(g)].mask,
+                     hidden=g.drafter.needs_hidden) for g in gs]),
+            rewind=lambda g: g.cache.truncate(len(g.tokens) - 1)))  # the cache holds all but the newest token
         elapsed = time.perf_counter() - start
         for g in group:
             plans[id(g)].verify_time = elapsed
-    return [g.complete(plans[id(g)], outputs[id(g)]) for g in generations]
+    records: dict[int, object] = {}
+    for g in generations:
+        if id(g) in outputs:
+            records.update(_each([g], lambda g: g.complete(plans[id(g)], outputs[id(g)])))
+    return [records.get(id(g)) for g in generations]
+
+
+def _each(group: list[Generation], work: Callable[[Generation], object]) -> dict[int, object]:
+    """work(g) for each generation; one that raises fails alone. -> {id(g): result} of the rest."""
+    results = {}
+    for g in group:
+        try:
+            results[id(g)] = work(g)
+        except Exception as error:  # noqa: BLE001 - the fault belongs to this sequence alone
+            g.fail(error)
+    return results
+
+
+def _isolated(group: list[Generation], run: Callable[[list[Generation]], list],
+              rewind: Callable[[Generation], None] = lambda g: None) -> dict[int, object]:
+    """run(group) -> one result per generation, batched; if that raises, each generation is rewound
+    and run alone, so a fault fails only the sequences it belongs to. -> {id(g): result}."""
+    if not group:
+        return {}
+    try:
+        return {id(g): result for g, result in zip(group, run(group), strict=True)}
+    except Exception as error:  # noqa: BLE001
+        if len(group) == 1:
+            group[0].fail(error)
+            return {}
+    results = {}
+    for g in group:
+        results.update(_each([g], lambda g: (rewind(g), run([g])[0])[1]))
+    return results
 
 
 def _grouped(generations: list[Generation], key) -> list[tuple[object, list[Generation]]]:

@@ -22,8 +22,8 @@ class SamplingParams:
     top_p: float | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:
-            raise QuickdraftError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 <= self.temperature < float("inf"):
+            raise QuickdraftError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k is not None and self.top_k < 1:
             raise QuickdraftError(f"top_k must be >= 1, got {self.top_k}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
@@ -38,7 +38,9 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     """[..., V] logits -> [..., V] probabilities after temperature, top-k, top-p (not greedy)."""
     if params.greedy:
         raise ValueError("logits_to_probs is for sampling; greedy decoding uses argmax")
-    logits = logits.float() / params.temperature
+    logits = logits.float()
+    # Dividing (logits - max) keeps the largest at 0: a tiny temperature makes a one-hot (greedy), never inf - inf.
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / params.temperature
     if params.top_k is not None and params.top_k < logits.shape[-1]:
         # Keep the k largest logits; ties at the k-th value are kept too, as in transformers.
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
@@ -56,9 +58,36 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     # so the most likely token is always kept.
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
     keep_sorted = mass_before < top_p
+    keep_sorted[..., 0] = True  # a top_p below float32's smallest number still keeps the top token
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     kept = probs * keep
     return kept / kept.sum(dim=-1, keepdim=True)
+
+
+MAX_TOP_LOGPROBS = 20  # alternatives reported per token at most (OpenAI's bound)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An emitted token's log-probability under the target, with the most likely alternatives."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token, logprob), most likely first
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int = 0) -> list[TokenLogprob]:
+    """Each token's log-probability under its row of [E, V] logits, and the `top` best per row.
+    Raw logits (before temperature and filters): the model's own distribution, as OpenAI reports."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [E, V]
+    index = torch.tensor(tokens, dtype=torch.long, device=logp.device)[:, None]  # [E, 1]
+    chosen = logp.gather(-1, index)[:, 0].tolist()
+    if top:
+        values, ids = logp.topk(min(top, logp.shape[-1]), dim=-1)  # [E, top]
+        alternatives = [list(zip(row_ids, row_values)) for row_ids, row_values in zip(ids.tolist(), values.tolist())]
+    else:
+        alternatives = [[] for _ in tokens]
+    return [TokenLogprob(t, lp, alt) for t, lp, alt in zip(tokens, chosen, alternatives)]
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:

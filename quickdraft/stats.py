@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from quickdraft.sampling import TokenLogprob
+
 
 @dataclass
 class StepRecord:
@@ -18,6 +20,7 @@ class StepRecord:
     draft_time: float  # seconds spent drafting
     verify_time: float  # seconds in the target pass and the rejection sampler
     tree_depth: int | None = None  # deepest draft node when the draft was a tree (None: a chain)
+    logprobs: list[TokenLogprob] | None = None  # each emitted token's, when the generation asked for them
 
     @property
     def draft_positions(self) -> int:

@@ -7,9 +7,12 @@ import torch
 
 from quickdraft import Decoder
 from quickdraft.backends.base import SeqPass
+from quickdraft.draft_length import FixedK
+from quickdraft.engine import Generation, prefill, step
 from quickdraft.sampling import SamplingParams, logits_to_probs
 
 from conftest import DEVICES, loaded, perturbed_copy, tiny_llama
+from faults import FaultyDrafter
 from stats_util import chi_square_p_value
 
 PROMPTS = [[1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [30, 4, 17, 30, 4]]
@@ -64,8 +67,8 @@ def test_steps_and_stats_are_consistent(tiny_target, tiny_draft):
     assert stats.wall_time >= stats.draft_time + stats.verify_time
     assert sum(stats.accepted_by_position) == stats.accepted_tokens
     assert any(s.bonus for s in out.steps) and any(not s.bonus for s in out.steps)
-    for step in out.steps:
-        assert step.emitted == [*step.draft_tokens[: step.accepted], step.next_token][: len(step.emitted)]
+    for record in out.steps:
+        assert record.emitted == [*record.draft_tokens[: record.accepted], record.next_token][: len(record.emitted)]
     assert stats.finish_reason == "length"
 
 
@@ -190,3 +193,44 @@ def test_distribution_test_can_tell_draft_from_target(small_target, small_draft)
     assert chi_square_p_value(counts, target) < 1e-6
     out = make_decoder(small_target, small_draft, "draft", 3).generate(prompt, max_new_tokens=200, temperature=1.0)
     assert 0.3 < out.stats.acceptance_rate < 0.95, "draft must be rejected sometimes for the test to bite"
+
+
+
+@pytest.mark.parametrize("stage", ["begin", "propose", "update"])
+@pytest.mark.parametrize("method", ["draft", "prompt-lookup"])
+def test_a_fault_in_one_sequence_ends_it_alone(tiny_target, tiny_draft, method, stage):
+    decoder = make_decoder(tiny_target, tiny_draft, method, 3)
+    faulty = FaultyDrafter(decoder.drafter, marked=PROMPTS[1][0], stage=stage)
+    gens = [Generation(decoder.target_backend, faulty, prompt, draft_length=FixedK(3), max_new_tokens=12,
+                       sampling=SamplingParams(), generator=torch.Generator()) for prompt in PROMPTS]
+    prefill(gens)
+    while live := [g for g in gens if not g.done]:
+        records = step(live)
+        assert all((record is None) == (g.error is not None) for g, record in zip(live, records))
+    for g, prompt in zip(gens, PROMPTS):
+        if prompt is PROMPTS[1]:
+            assert g.finish_reason == "error" and "injected fault" in str(g.error)
+        else:  # the others are untouched: the same tokens as decoding each alone
+            assert g.error is None and g.new_tokens == decoder.generate(prompt, max_new_tokens=12).token_ids
+    with pytest.raises(RuntimeError, match="injected fault"):  # alone, the fault is raised to the caller
+        alone = Generation(decoder.target_backend, faulty, PROMPTS[1], draft_length=FixedK(3), max_new_tokens=12,
+                           sampling=SamplingParams(), generator=torch.Generator())
+        list(alone)
+
+
+@pytest.mark.parametrize("method, temperature", [("none", 0.0), ("draft", 0.0), ("prompt-lookup", 0.0),
+                                                 ("draft", 1.0)])
+def test_logprobs_are_the_targets_own(tiny_target, tiny_draft, method, temperature):
+    """Each emitted token's log-probability is the target's (raw logits), whichever pass scored it."""
+    prompt = PROMPTS[1]
+    out = make_decoder(tiny_target, tiny_draft, method, 3).generate(prompt, max_new_tokens=10, logprobs=3,
+                                                                   temperature=temperature, seed=1)
+    with torch.no_grad():
+        logits = tiny_target(torch.tensor([prompt + out.token_ids])).logits[0]  # [T, V]
+    expected = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)  # [10, V]: the row before each new token
+    assert [e.token for e in out.logprobs] == out.token_ids
+    chosen = expected.gather(-1, torch.tensor(out.token_ids)[:, None])[:, 0]
+    assert [e.logprob for e in out.logprobs] == pytest.approx(chosen.tolist(), abs=1e-4)
+    best = expected.topk(3, dim=-1).values
+    assert [lp for e in out.logprobs for _, lp in e.top] == pytest.approx(best.flatten().tolist(), abs=1e-4)
+    assert make_decoder(tiny_target, tiny_draft, method, 3).generate(prompt, max_new_tokens=4).logprobs is None

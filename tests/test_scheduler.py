@@ -1,13 +1,17 @@
 """Continuous batching on tiny models: a sequence's output does not depend on its neighbours."""
 
+import gc
 import threading
 import time
 
 import pytest
 
+from quickdraft.backends.hf import HFCache
+from quickdraft.backends.kv_cache import KVCache
 from quickdraft.decoder import Decoder
-from quickdraft.serve.scheduler import Job, QueueFull, Scheduler, ShuttingDown
+from quickdraft.serve.scheduler import DECODERS_KEPT, Job, QueueFull, Scheduler, ShuttingDown
 from tests.conftest import loaded
+from tests.faults import FaultyDrafter
 
 PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [5, 9, 2], [7, 7, 7, 7, 7, 7, 7, 7], [3, 1, 4, 1, 5, 9, 2, 6], [8, 8, 1]]
 
@@ -143,3 +147,46 @@ def test_a_job_with_an_unknown_method_fails_alone(decoder):
     scheduler.stop()
     assert bad.error[1] == 400 and "unknown method" in bad.error[0]
     assert good.output is not None
+
+
+class FaultyDecoder(Decoder):
+    """Prompt lookup whose drafter raises, once a step is verified, for prompts starting with `marked`."""
+
+    def __init__(self, *args, marked: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.drafter = FaultyDrafter(self.drafter, marked, "update")
+
+
+def test_a_fault_in_one_sequence_fails_that_request_alone(tiny_target):
+    decoder = FaultyDecoder(loaded(tiny_target, "tiny"), None, "prompt-lookup", marked=PROMPTS[1][0])
+    scheduler = Scheduler(decoder, max_batch=len(PROMPTS))
+    collectors = [Collector() for _ in PROMPTS]
+    for collector, prompt in zip(collectors, PROMPTS):
+        scheduler.submit(collector.job(prompt, 15))
+    scheduler.start()
+    for collector in collectors:
+        assert collector.done.wait(60)
+    scheduler.stop()
+    for collector, prompt in zip(collectors, PROMPTS):
+        if prompt is PROMPTS[1]:
+            assert collector.error[1] == 500 and "injected fault" in collector.error[0]
+        else:
+            alone = Decoder(loaded(tiny_target, "tiny"), None, "prompt-lookup").generate(prompt, 15)
+            assert collector.error is None and collector.output.token_ids == alone.token_ids
+    assert scheduler.metrics.failed._value.get() == 1
+
+
+def test_memory_is_bounded_whatever_options_requests_ask_for(decoder):
+    """Forty distinct k values: request decoders are kept up to a bound, and no KV cache outlives
+    its sequence (the backends' weights are shared; a sequence owns only its caches)."""
+    scheduler = Scheduler(decoder, max_batch=4, max_queue=64)
+    collectors = [Collector() for _ in range(40)]
+    for k, collector in enumerate(collectors, start=1):
+        scheduler.submit(collector.job(PROMPTS[k % len(PROMPTS)] * 8, 6, "draft", k))
+    scheduler.start()
+    for collector in collectors:
+        assert collector.done.wait(60) and collector.error is None
+    scheduler.stop()
+    assert scheduler.kept_decoders <= DECODERS_KEPT
+    gc.collect()
+    assert not [o for o in gc.get_objects() if type(o) in (KVCache, HFCache)]

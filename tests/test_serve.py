@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,6 +21,11 @@ from quickdraft.serve.background import BackgroundServer
 
 pytestmark = pytest.mark.integration
 PROMPT = "Write a Python function that checks whether a number is prime."
+
+
+def post_json(url: str, body: dict) -> httpx.Response:
+    """POST body as ASCII JSON: unpaired surrogates travel as \\ud800 escapes, as a client might send."""
+    return httpx.post(url, content=json.dumps(body), headers={"content-type": "application/json"}, timeout=30)
 
 
 class Server(BackgroundServer):
@@ -106,16 +116,150 @@ def test_chat_streamed_and_not_with_a_stop_string(server, decoder):
     ({"model": "M", "prompt": "hi", "quickdraft": {"precision": "int4"}}, 400, "set when the server starts"),
     ({"model": "M", "prompt": "word " * 9000, "max_tokens": 16}, 400, "context length"),
     ({"model": "M", "prompt": ""}, 400, "empty"),
+    ({"model": "M", "prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "at most 4"),
+    ({"model": "M", "prompt": "hi", "stop": "x" * 300}, 400, "at most 256"),
+    ({"model": "M", "prompt": "hi", "seed": 2**70}, 400, "seed"),
+    ({"model": "M", "prompt": "a\ud800b"}, 400, "unpaired surrogate"),
+    ({"model": "M", "prompt": ["a", "b"]}, 400, "one prompt"),
+    ({"model": "M", "prompt": "hi", "logprobs": 50}, 400, "logprobs"),
+    ({"model": "M", "prompt": "hi", "logit_bias": {"5": 10}}, 400, "logit_bias is not supported"),
+    ({"model": "M", "prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty is not supported"),
+    ({"model": "M", "prompt": "hi", "echo": True}, 400, "echo is not supported"),
+    ({"model": "M", "prompt": "hi", "best_of": 3}, 400, "best_of is not supported"),
+    ({"model": "M", "prompt": "hi", "suffix": "end"}, 400, "suffix is not supported"),
+    ({"model": "M", "prompt": "hi", "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({"model": "M", "prompt": "word " * 300000}, 400, "longer than the context length"),
 ])
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, decoder, body, status, fragment):
     body = {key: decoder.target.name if value == "M" else value for key, value in body.items()}
-    response = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+    response = post_json(server.url + "/v1/completions", body)
     assert response.status_code == status
     error = response.json()["error"]
     assert fragment in error["message"] and error["type"]
     if "quickdraft" in body:  # the error names the option at fault
         assert error["param"].startswith("quickdraft")
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("messages, fragment", [
+    ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "valid string"),
+    ([{"role": "user", "content": [{"type": "text", "text": None}]}], "needs a 'text' string"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "'image_url' are not"),
+    ([{"role": "user", "content": "a\ud800b"}], "unpaired surrogate"),
+    ([{"role": "user", "content": [{"type": "text", "text": "a\udfffb"}]}], "unpaired surrogate"),
+    ([{"role": "user", "content": "word " * 9000}], "the prompt"),  # no max_tokens: the prompt is at fault
+])
+def test_bad_chat_content_gets_a_400_never_a_500(server, decoder, messages, fragment):
+    response = post_json(server.url + "/v1/chat/completions", {"model": decoder.target.name, "messages": messages})
+    assert response.status_code == 400, response.text
+    assert fragment in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("extra", [{"tools": [{"type": "function", "function": {"name": "f"}}]},
+                                   {"tool_choice": "required"}, {"frequency_penalty": 1.0},
+                                   {"top_logprobs": 2}])
+def test_unsupported_chat_fields_are_refused_by_name(server, decoder, extra):
+    response = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
+        "model": decoder.target.name, "messages": [{"role": "user", "content": "hi"}]} | extra)
+    assert response.status_code == 400 and response.json()["error"]["param"] == next(iter(extra))
+
+
+def test_fields_that_ask_for_nothing_are_accepted(server, decoder):
+    whole = server.client().chat.completions.create(
+        model=decoder.target.name, messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0,
+        presence_penalty=0, frequency_penalty=0, logit_bias={}, response_format={"type": "text"}, user="me")
+    assert whole.usage.completion_tokens == 2
+
+
+def test_logprobs_are_the_targets(server, decoder):
+    client, name = server.client(), decoder.target.name
+    expected = decoder.with_method("none").generate(PROMPT, 12, logprobs=2)
+    whole = client.chat.completions.create(model=name, messages=[{"role": "user", "content": PROMPT}],
+                                           max_tokens=12, temperature=0, logprobs=True, top_logprobs=2)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == 12 and [e.logprob for e in content] == pytest.approx(
+        [e.logprob for e in expected.logprobs], abs=1e-4)
+    for entry in content:  # greedy: each token is the most likely one
+        assert len(entry.top_logprobs) == 2 and entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+        assert entry.logprob <= 0 and bytes(entry.bytes) == entry.token.encode()
+    stream = client.chat.completions.create(model=name, messages=[{"role": "user", "content": PROMPT}],
+                                            max_tokens=12, temperature=0, logprobs=True, stream=True)
+    streamed = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in content]
+    legacy = client.completions.create(model=name, prompt="The capital of France is", max_tokens=6, temperature=0,
+                                       logprobs=1)
+    assert len(legacy.choices[0].logprobs.token_logprobs) == 6
+    assert "".join(legacy.choices[0].logprobs.tokens) == legacy.choices[0].text
+
+
+def test_extreme_sampling_values_answer_and_spare_their_batch(server, decoder):
+    """temperature 1e-38 and top_p 1e-300 underflowed to NaN and failed every stream batched with them."""
+    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    name = decoder.target.name
+
+    async def healthy(prompt: str) -> str:
+        stream = await client.completions.create(model=name, prompt=prompt, max_tokens=20, temperature=0, stream=True)
+        return "".join([c.choices[0].text async for c in stream if c.choices])
+
+    async def everything():
+        hostile = [client.completions.create(model=name, prompt="Once upon a time", max_tokens=20, **options)
+                   for options in ({"temperature": 1e-38}, {"temperature": 1, "top_p": 1e-300})]
+        return await asyncio.gather(*hostile, *(healthy(f"Fact {i}: the sun") for i in range(4)))
+
+    tiny, narrow, *texts = asyncio.run(everything())
+    greedy = decoder.with_method("none").generate("Once upon a time", 20, chat=False).text
+    assert tiny.choices[0].text == greedy and narrow.choices[0].text == greedy  # both keep only the top token
+    for i, text in enumerate(texts):
+        assert text == decoder.with_method("none").generate(f"Fact {i}: the sun", 20, chat=False).text
+
+
+def test_large_bodies_get_a_413_without_blocking_others(server, decoder):
+    huge = b'{"model": "m", "prompt": "' + b"x" * (3 << 20) + b'"}'
+    response = httpx.post(server.url + "/v1/completions", content=huge, timeout=30,
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+    chunked = httpx.post(server.url + "/v1/completions", content=iter([b"x" * (1 << 20)] * 3), timeout=30,
+                         headers={"content-type": "application/json"})  # no Content-Length: counted as it comes
+    assert chunked.status_code == 413
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_a_non_streaming_client_that_leaves_frees_its_slot(server, decoder):
+    body = {"model": decoder.target.name, "prompt": "Count from one to one thousand: one, two,", "max_tokens": 250,
+            "temperature": 0}
+    cancelled = server.app.state.metrics.cancelled._value.get()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=1.0)
+    assert_dropped(server, cancelled, within=10)
+
+
+def test_metrics_labels_stay_bounded_and_405_says_allow(server):
+    before = len(httpx.get(server.url + "/metrics").text.splitlines())
+    for i in range(50):
+        response = httpx.get(f"{server.url}/no/such/path/{i}")
+        assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
+    after = len(httpx.get(server.url + "/metrics").text.splitlines())
+    assert after - before <= 2  # one "unmatched" series at most, not one per path
+    response = httpx.get(server.url + "/v1/completions")
+    assert response.status_code == 405 and response.headers["allow"] == "POST" and "error" in response.json()
+
+
+def test_api_key_and_host_header(decoder):
+    guarded = Server(create_app(decoder, max_tokens_limit=8, api_key="sesame"))
+    try:
+        assert httpx.get(guarded.url + "/health").status_code == 200  # probes need no key
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "Basic sesame"}):
+            response = httpx.get(guarded.url + "/v1/models", headers=headers)
+            assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            guarded.client().models.list()
+        client = openai.OpenAI(base_url=guarded.url + "/v1", api_key="sesame", max_retries=0)
+        assert [m.id for m in client.models.list().data] == [decoder.target.name]
+        rebound = httpx.get(guarded.url + "/health", headers={"host": "attacker.example:8000"})
+        assert rebound.status_code == 400 and rebound.json()["error"]["code"] == "invalid_host"
+        assert httpx.get(guarded.url.replace("127.0.0.1", "localhost") + "/health").status_code == 200
+    finally:
+        guarded.stop()
 
 
 def test_malformed_json_and_chat_without_messages(server, decoder):
@@ -161,6 +305,15 @@ def test_sixteen_concurrent_streams_equal_each_request_alone(server, decoder):
         assert text == expected.text, prompt
 
 
+def assert_dropped(server: Server, cancelled_before: float, within: float) -> None:
+    """The scheduler drops an abandoned sequence within `within` seconds and runs nothing after it."""
+    deadline = time.monotonic() + within
+    while server.app.state.metrics.cancelled._value.get() == cancelled_before:
+        assert time.monotonic() < deadline, "the abandoned sequence kept its slot"
+        time.sleep(0.05)
+    assert server.app.state.scheduler.running == 0
+
+
 def test_a_client_leaving_mid_stream_frees_its_slot(server, decoder):
     body = {"model": decoder.target.name, "prompt": "Count from one to one thousand: one, two,", "max_tokens": 250,
             "temperature": 0, "stream": True}
@@ -169,11 +322,7 @@ def test_a_client_leaving_mid_stream_frees_its_slot(server, decoder):
         for line in response.iter_lines():
             if line.startswith("data: {"):
                 break  # one chunk, then hang up
-    deadline = time.monotonic() + 30
-    while server.app.state.metrics.cancelled._value.get() == cancelled:
-        assert time.monotonic() < deadline, "the abandoned sequence was not dropped"
-        time.sleep(0.05)
-    assert server.app.state.scheduler.running == 0
+    assert_dropped(server, cancelled, within=30)
 
 
 def test_a_full_queue_answers_429(decoder):
@@ -190,15 +339,13 @@ def test_a_full_queue_answers_429(decoder):
         statuses = sorted(r.status_code for r in asyncio.run(burst()))
         assert statuses.count(200) >= 2 and 429 in statuses
         limited = next(r for r in asyncio.run(burst()) if r.status_code == 429)
-        assert limited.json()["error"]["type"] == "rate_limit_error"
+        assert limited.json()["error"]["type"] == "rate_limit_error" and limited.headers["retry-after"] == "1"
     finally:
         small.stop()
 
 
-def test_shutdown_finishes_the_requests_in_flight(decoder):
-    server = Server(create_app(decoder, max_batch=4, max_queue=4, max_tokens_limit=256))
-    body = {"model": decoder.target.name, "prompt": "Count from one to one hundred: one, two,", "max_tokens": 60,
-            "temperature": 0}
+def running_request(server: Server, body: dict) -> tuple[threading.Thread, list[httpx.Response]]:
+    """Post `body` from a thread; return once the scheduler is decoding it."""
     answers = []
     request = threading.Thread(target=lambda: answers.append(
         httpx.post(server.url + "/v1/completions", json=body, timeout=120)))
@@ -207,9 +354,67 @@ def test_shutdown_finishes_the_requests_in_flight(decoder):
     while server.app.state.scheduler.running == 0:
         assert time.monotonic() < deadline
         time.sleep(0.01)
+    return request, answers
+
+
+def test_shutdown_finishes_the_requests_in_flight(decoder):
+    server = Server(create_app(decoder, max_batch=4, max_queue=4, max_tokens_limit=256))
+    body = {"model": decoder.target.name, "prompt": "Count from one to one hundred: one, two,", "max_tokens": 60,
+            "temperature": 0}
+    request, answers = running_request(server, body)
     server.stop()  # like Ctrl-C: stop listening, finish what is running, then stop the scheduler
     request.join(60)
     assert answers[0].status_code == 200
     assert answers[0].json()["usage"]["completion_tokens"] == 60
     with pytest.raises(httpx.ConnectError):
         httpx.get(server.url + "/health")
+
+
+def test_shutdown_ends_what_outlives_the_drain_with_a_clean_error(decoder):
+    server = Server(create_app(decoder, max_batch=4, max_queue=4, max_tokens_limit=400, drain_seconds=0.5))
+    body = {"model": decoder.target.name, "prompt": "Count from one to one thousand: one, two,", "max_tokens": 400,
+            "temperature": 0}
+    request, answers = running_request(server, body)
+    started = time.monotonic()
+    server.stop()
+    request.join(30)
+    assert time.monotonic() - started < 10  # 400 tokens would take far longer
+    assert answers[0].status_code == 503 and "shut down" in answers[0].json()["error"]["message"]
+    assert not server.thread.is_alive()
+
+
+def test_sigterm_drains_for_the_given_time_and_the_process_exits(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "quickdraft.cli", "serve", "--port", str(port),
+                                "--drain-seconds", "1", "--max-tokens-limit", "400", "--threads", "1"])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None and time.monotonic() < deadline, "the server did not start"
+            try:
+                name = httpx.get(url + "/health", timeout=1).json()["model"]
+                break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        answers = []
+        body = {"model": name, "prompt": "Count from one to one thousand: one, two,", "max_tokens": 400,
+                "temperature": 0, "stream": True}
+
+        def stream() -> None:
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+                answers.extend(response.iter_lines())
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        time.sleep(2)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
+        reader.join(30)
+        lines = [line for line in answers if line]
+        assert any("shut down" in line for line in lines) and lines[-1] == "data: [DONE]"
+    finally:
+        if process.poll() is None:
+            process.kill()

@@ -23,9 +23,10 @@ class HFCache:
         self.length = 0
 
     def truncate(self, length: int) -> None:
-        if length < self.length:
-            self.cache.crop(length - self.length)  # a negative count removes entries
-            self.length = max(0, length)
+        held = self.cache.get_seq_length()  # more than self.length after a pass that failed midway
+        if length < held:
+            self.cache.crop(max(0, length) - held)  # a negative count removes entries
+        self.length = min(self.length, max(0, length))
 
     def keep(self, indices: list[int]) -> None:
         if indices == list(range(len(indices))):

@@ -51,6 +51,7 @@ class DraftModelDrafter:
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(requests))}
         for i, r in enumerate(requests):
             cache = r.state.cache
+            cache.truncate(min(cache.length, len(r.tokens) - 1))  # safe to retry after a failed batch
             pending = r.tokens[cache.length :]  # accepted tokens the draft cache lacks (>= 1)
             room = self.backend.max_length - cache.length - len(pending) + 1
             # No drafts where the newest token is one the draft lacks: its guess would follow the stand-in.

@@ -18,6 +18,8 @@ from quickdraft.decoder import Decoder, GenerationOutput
 from quickdraft.errors import QuickdraftError
 from quickdraft.methods import configure
 from quickdraft.options import MODEL_OPTIONS
+from quickdraft.sampling import TokenLogprob
+from quickdraft.serve.gate import LOOPBACK_HOSTS, Gate
 from quickdraft.serve.metrics import ServerMetrics
 from quickdraft.serve.protocol import (
     FINISH_REASONS,
@@ -27,36 +29,49 @@ from quickdraft.serve.protocol import (
     chunk_body,
     completion_body,
     error_body,
+    logprobs_body,
     new_id,
     usage,
 )
 from quickdraft.serve.scheduler import Job, QueueFull, Scheduler, ShuttingDown
+from quickdraft.stats import StepRecord
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_BODY_BYTES = 2 << 20  # a context's worth of text or token ids is far less
+DISCONNECT_POLL_SECONDS = 0.2  # how often a non-streaming request checks that its client is still there
 
 
 class ApiError(Exception):
     """An OpenAI-style error answer: status code, message, type, param."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+        self.headers = headers
 
     def response(self) -> JSONResponse:
-        return JSONResponse(error_body(self.message, self.kind, self.param, self.code), status_code=self.status)
+        return JSONResponse(error_body(self.message, self.kind, self.param, self.code), status_code=self.status,
+                            headers=self.headers)
 
 
 def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int = 8, max_queue: int = 64,
-               max_tokens_limit: int = 2048, drain_seconds: float = 30.0) -> FastAPI:
+               max_tokens_limit: int = 2048, drain_seconds: float = 30.0, max_body_bytes: int = MAX_BODY_BYTES,
+               api_key: str | None = None, allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS) -> FastAPI:
     """A FastAPI app serving `decoder`'s target under `model_name` (default: its name).
 
     max_batch: sequences decoded together; max_queue: requests waiting beyond those (then 429);
-    max_tokens_limit: the largest max_tokens a request may ask for."""
+    max_tokens_limit: the largest max_tokens a request may ask for; drain_seconds: how long a
+    shutdown lets running requests finish (then they end with a 503); max_body_bytes: larger
+    bodies get a 413; api_key: required as a bearer token (None: open); allowed_hosts: the Host
+    names answered (None: any; the default suits a server bound to the loopback address)."""
     name = model_name or decoder.target.name
     metrics = ServerMetrics()
     scheduler = Scheduler(decoder, max_batch, max_queue, metrics)
     created = int(time.time())
+    # Every token spells at most this many characters, so a longer text is over the context
+    # without tokenizing it.
+    max_prompt_chars = decoder.context_length * _longest_token(decoder)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -65,26 +80,39 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
         await asyncio.to_thread(scheduler.stop, drain_seconds)
 
     app = FastAPI(title="quickdraft", lifespan=lifespan)
-    app.state.scheduler, app.state.metrics = scheduler, metrics
+    app.state.scheduler, app.state.metrics, app.state.drain_seconds = scheduler, metrics, drain_seconds
+    app.add_middleware(Gate, max_body_bytes=max_body_bytes, api_key=api_key, allowed_hosts=allowed_hosts,
+                       on_refused=lambda status: metrics.requests.labels("gate", str(status)).inc())
+
+    def count(request: Request, status: int) -> None:
+        """Count an answer under its route template (never the raw path: labels stay bounded)."""
+        route = request.scope.get("route")
+        metrics.requests.labels(getattr(route, "path", "unmatched"), str(status)).inc()
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
-        first = error.errors()[0] if error.errors() else {}
-        where = ".".join(str(part) for part in first.get("loc", ())[1:]) or None
+        first = _most_specific(error.errors())
+        where = ".".join(str(part) for part in first.get("loc", ())[1:] if "[" not in str(part)) or None
         message = "request body is not valid JSON" if first.get("type") == "json_invalid" else (
             f"{where or 'body'}: {first.get('msg', 'invalid value')}")
-        metrics.requests.labels(request.url.path, "400").inc()
+        count(request, 400)
         return ApiError(400, message, param=where).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        metrics.requests.labels(request.url.path, str(error.status_code)).inc()
-        return ApiError(error.status_code, str(error.detail), code=None).response()
+        count(request, error.status_code)
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return ApiError(error.status_code, str(error.detail), kind, headers=error.headers).response()
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
-        metrics.requests.labels(request.url.path, str(error.status)).inc()
+        count(request, error.status)
         return error.response()
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        count(request, 500)
+        return ApiError(500, f"internal server error: {type(error).__name__}", "server_error").response()
 
     @app.get("/health")
     async def health() -> dict:
@@ -101,37 +129,67 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await answer(body, _completion_prompt(decoder, body), chat=False, request=request)
+        prompt = _completion_prompt(body)
+        if isinstance(prompt, str) and len(prompt) > max_prompt_chars:
+            raise _too_long(f"the prompt ({len(prompt)} characters)", decoder.context_length, "prompt")
+        try:  # tokenizing a long prompt takes a while: never on the event loop
+            prompt_ids = await asyncio.to_thread(decoder.encode, prompt, False)
+        except QuickdraftError as error:
+            raise ApiError(400, str(error), param="prompt") from error
+        return await answer(body, prompt_ids, chat=False, request=request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        problem = next((m.problem() for m in body.messages if m.problem()), None)
+        if problem:
+            raise ApiError(400, problem, param="messages")
+        if body.top_logprobs_ is not None and not body.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        if sum(len(m["content"]) for m in messages) > max_prompt_chars:
+            raise _too_long("the messages", decoder.context_length, "messages")
         try:
-            prompt_ids = decoder.encode_chat(messages)
+            prompt_ids = await asyncio.to_thread(decoder.encode_chat, messages)
         except QuickdraftError as error:
             raise ApiError(400, str(error), param="messages") from error
         return await answer(body, prompt_ids, chat=True, request=request)
 
+    def token_logprobs(entries: list[TokenLogprob] | None, chat: bool, offset: int = 0) -> dict | None:
+        """The OpenAI logprobs object of some emitted tokens (None when not asked for)."""
+        if entries is None:
+            return None
+        text = decoder.decode
+        return logprobs_body([(text([e.token]), e.logprob, [(text([t]), lp) for t, lp in e.top]) for e in entries],
+                             chat, offset)
+
     async def answer(body: SamplingRequest, prompt_ids: list[int], chat: bool, request: Request) -> Response:
-        endpoint = request.url.path
+        endpoint = request.scope["route"].path
         arrived = time.perf_counter()
         job, events = _job(body, prompt_ids, chat)
         try:
             scheduler.submit(job)
         except QueueFull as error:
-            raise ApiError(429, str(error), kind="rate_limit_error") from error
+            raise ApiError(429, str(error), kind="rate_limit_error", headers={"Retry-After": "1"}) from error
         except ShuttingDown as error:
             raise ApiError(503, str(error), kind="server_error") from error
         metrics.prompt_tokens.inc(len(prompt_ids))
         request_id = new_id("chatcmpl" if chat else "cmpl")
         if body.stream:
-            metrics.requests.labels(endpoint, "200").inc()
+            count(request, 200)
             return StreamingResponse(_stream(job, events, request_id, body, chat, endpoint, arrived),
                                      media_type="text/event-stream")
         try:
-            first = True
+            first, checked = True, time.monotonic()
             while True:
-                kind, payload = await events.get()
+                try:
+                    kind, payload = await asyncio.wait_for(events.get(), DISCONNECT_POLL_SECONDS)
+                except TimeoutError:
+                    kind = None
+                if time.monotonic() - checked >= DISCONNECT_POLL_SECONDS:
+                    checked = time.monotonic()
+                    if await request.is_disconnected():  # nobody will read the answer: free the slot now
+                        job.cancelled.set()
+                        return Response(status_code=499)
                 if kind == "step" and first:
                     metrics.first_token.labels(endpoint).observe(time.perf_counter() - arrived)
                     first = False
@@ -144,10 +202,10 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
             job.cancelled.set()  # a no-op once finished; frees the slot if the client went away
         output, served_by = payload
         metrics.latency.labels(endpoint).observe(time.perf_counter() - arrived)
-        metrics.requests.labels(endpoint, "200").inc()
+        count(request, 200)
         extra = {"usage": usage(len(prompt_ids), len(output.token_ids)), "quickdraft": _stats(output, served_by)}
-        return JSONResponse(completion_body(request_id, name, output.text,
-                                            FINISH_REASONS.get(output.finish_reason), chat, extra))
+        return JSONResponse(completion_body(request_id, name, output.text, FINISH_REASONS.get(output.finish_reason),
+                                            chat, extra, token_logprobs(output.logprobs, chat)))
 
     async def _stream(job: Job, events: asyncio.Queue, request_id: str, body: SamplingRequest, chat: bool,
                       endpoint: str, arrived: float) -> AsyncIterator[str]:
@@ -166,9 +224,11 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
                     if first:
                         metrics.first_token.labels(endpoint).observe(time.perf_counter() - arrived)
                         first = False
-                    if payload:
-                        sent += payload
-                        yield _sse(chunk_body(request_id, name, payload, None, chat))
+                    text, logprobs = payload
+                    if text or logprobs:
+                        yield _sse(chunk_body(request_id, name, text, None, chat,
+                                              logprobs=token_logprobs(logprobs, chat, len(sent))))
+                        sent += text
                     continue
                 output, served_by = payload
                 piece = output.text[len(sent) :] if output.text.startswith(sent) else ""
@@ -192,7 +252,12 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
                            param="model", code="model_not_found")
         if body.n != 1:
             raise ApiError(400, "only n=1 is supported", param="n")
+        unsupported = body.unsupported()
+        if unsupported:
+            raise ApiError(400, f"{unsupported} is not supported by this server", param=unsupported)
         limit = decoder.context_length
+        if len(prompt_ids) >= limit:
+            raise _too_long(f"the prompt ({len(prompt_ids)} tokens)", limit, "messages" if chat else "prompt")
         requested = body.max_completion_tokens or body.max_tokens
         if requested is None:
             requested = min(max_tokens_limit, limit - len(prompt_ids)) if chat else DEFAULT_COMPLETION_TOKENS
@@ -221,9 +286,18 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
 
         options = dict(temperature=body.temperature, top_k=body.top_k,
                        top_p=None if body.top_p >= 1.0 else body.top_p,
-                       seed=body.seed if body.seed is not None else secrets.randbits(63), stop=body.stops() or None)
-        job = Job(prompt_ids, requested, options, method, settings,
-                  on_step=lambda record, text: put("step", text),
+                       seed=body.seed if body.seed is not None else secrets.randbits(63), stop=body.stops() or None,
+                       logprobs=body.top_logprobs())
+
+        def on_step(record: StepRecord, text: str) -> None:
+            # Wake the event loop only when there is news: the first step (time to first token), then
+            # for streams each step that made text or log-probabilities.
+            if first_step or (body.stream and (text or record.logprobs)):
+                first_step.clear()
+                put("step", (text, record.logprobs))
+
+        first_step = [True]
+        job = Job(prompt_ids, requested, options, method, settings, on_step=on_step,
                   on_finish=lambda output, served_by: put("done", (output, served_by)),
                   on_error=lambda message, status: put("error", (message, status)))
         return job, events
@@ -244,17 +318,32 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
     return app
 
 
-def _completion_prompt(decoder: Decoder, body: CompletionRequest) -> list[int]:
-    """The completions prompt (text or token ids, one of them) as ids, without a chat template."""
+def _completion_prompt(body: CompletionRequest) -> str | list[int]:
+    """The completions prompt: one text or one list of token ids."""
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
         if len(prompt) != 1:
             raise ApiError(400, "one prompt per request is supported", param="prompt")
         prompt = prompt[0]
-    try:
-        return decoder.encode(prompt, chat=False)
-    except QuickdraftError as error:
-        raise ApiError(400, str(error), param="prompt") from error
+    return prompt
+
+
+def _too_long(what: str, limit: int, param: str) -> ApiError:
+    return ApiError(400, f"{what} is longer than the context length of {limit} tokens; shorten it",
+                    param=param, code="context_length_exceeded")
+
+
+def _longest_token(decoder: Decoder) -> int:
+    """The most characters one token can spell (its vocabulary string is at least as long)."""
+    tokenizer = decoder.tokenizer
+    return max((len(piece) for piece in tokenizer.get_vocab()), default=1) if tokenizer is not None else 1 << 20
+
+
+def _most_specific(errors: list[dict]) -> dict:
+    """The validation error to report: the deepest, and a broken constraint before a type mismatch
+    (a union field reports one mismatch per alternative it tried)."""
+    return min(errors, key=lambda e: (-len(e.get("loc", ())), str(e.get("type", "")).endswith("_type")),
+               default={})
 
 
 def _stats(output: GenerationOutput, served_by: Decoder) -> dict:

@@ -33,6 +33,8 @@ class ServerMetrics:
         self.active = Gauge("quickdraft_active_sequences", "Sequences being decoded", registry=registry)
         self.cancelled = Counter("quickdraft_cancelled", "Sequences dropped because their client left",
                                  registry=registry)
+        self.failed = Counter("quickdraft_failed", "Sequences ended alone by a fault in their own work",
+                              registry=registry)
         self.batch_size = Histogram("quickdraft_batch_size", "Sequences per batched target pass",
                                     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32), registry=registry)
         self.latency = Histogram("quickdraft_request_latency_seconds", "Time from arrival to the last token",

@@ -105,6 +105,11 @@ class Scheduler:
     def running(self) -> int:
         return len(self._active)
 
+    @property
+    def kept_decoders(self) -> int:
+        """Request decoders kept for reuse (bounded by DECODERS_KEPT; they hold no caches)."""
+        return len(self._decoders)
+
     def submit(self, job: Job) -> None:
         with self._lock:
             if self._stopping:
@@ -164,7 +169,7 @@ class Scheduler:
             joining.append(_Active(job, decoder, generation))
         if joining:
             prefill([a.generation for a in joining])  # those joining together: one pass
-            self._active.extend(joining)
+            self._active.extend(a for a in joining if not self._failed(a))
         self.metrics.active.set(len(self._active))
 
     def _drop_cancelled(self) -> None:
@@ -173,12 +178,24 @@ class Scheduler:
             self.metrics.cancelled.inc()
         self.metrics.active.set(len(self._active))
 
+    def _failed(self, active: _Active) -> bool:
+        """A sequence whose own work raised ends alone, with a 500 to its client; the batch goes on."""
+        error = active.generation.error
+        if error is None:
+            return False
+        self.metrics.failed.inc()
+        active.job.on_error(f"internal error while decoding this request: {error!r}", 500)
+        return True
+
     def _step(self) -> None:
         """One engine step for every active sequence, then report each one's progress."""
         records = step([a.generation for a in self._active])
         self.metrics.batch_size.observe(len(records))
         for active, record in zip(list(self._active), records):
             generation = active.generation
+            if self._failed(active):
+                self._active.remove(active)
+                continue
             self.metrics.record_step(record)
             active.job.on_step(record, generation.text.delta())
             if generation.done:
