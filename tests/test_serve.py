@@ -418,3 +418,23 @@ def test_sigterm_drains_for_the_given_time_and_the_process_exits(tmp_path):
     finally:
         if process.poll() is None:
             process.kill()
+
+
+class BrokenDecoder(quickdraft.Decoder):
+    """The default target whose chat encoding raises something no handler expects."""
+
+    def encode_chat(self, messages):
+        raise RuntimeError("a bug")
+
+
+def test_an_unexpected_error_is_an_openai_shaped_500(decoder):
+    broken = Server(create_app(BrokenDecoder(decoder.target, None, "none"), max_tokens_limit=8))
+    try:
+        response = httpx.post(broken.url + "/v1/chat/completions", timeout=30, json={
+            "model": decoder.target.name, "messages": [{"role": "user", "content": "hi"}]})
+        assert response.status_code == 500
+        assert response.json()["error"] == {"message": "internal server error: RuntimeError", "type": "server_error",
+                                            "param": None, "code": None}
+        assert httpx.get(broken.url + "/health").status_code == 200
+    finally:
+        broken.stop()
