@@ -140,7 +140,7 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        problem = next((m.problem() for m in body.messages if m.problem()), None)
+        problem = next(filter(None, (m.problem() for m in body.messages)), None)
         if problem:
             raise ApiError(400, problem, param="messages")
         if body.top_logprobs_ is not None and not body.logprobs:
@@ -289,14 +289,16 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
                        seed=body.seed if body.seed is not None else secrets.randbits(63), stop=body.stops() or None,
                        logprobs=body.top_logprobs())
 
+        reported = False  # whether a step has been reported yet (its arrival is the time to first token)
+
         def on_step(record: StepRecord, text: str) -> None:
-            # Wake the event loop only when there is news: the first step (time to first token), then
-            # for streams each step that made text or log-probabilities.
-            if first_step or (body.stream and (text or record.logprobs)):
-                first_step.clear()
+            # Wake the event loop only when there is news: the first step, then for streams each
+            # step that made text or log-probabilities.
+            nonlocal reported
+            if not reported or (body.stream and (text or record.logprobs)):
+                reported = True
                 put("step", (text, record.logprobs))
 
-        first_step = [True]
         job = Job(prompt_ids, requested, options, method, settings, on_step=on_step,
                   on_finish=lambda output, served_by: put("done", (output, served_by)),
                   on_error=lambda message, status: put("error", (message, status)))
