@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
     add_option_flags(gen)
-    gen.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    gen.add_argument("--threads", type=int, help="CPU threads for torch and the llama.cpp backend (default: torch's choice)")
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                      help="apply the chat template (default: when the model has one)")
     gen.add_argument("--verbose", action="store_true", help="print each step's drafted and accepted text")
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-peers", action="store_true", help="leave out every peer")
     bench.add_argument("--quick", action="store_true", help="1 prompt per category, 48 tokens: a few minutes")
     add_option_flags(bench, model_only=True)
-    bench.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    bench.add_argument("--threads", type=int, help="CPU threads for torch and the llama.cpp backend (default: torch's choice)")
     bench.add_argument("--output", type=Path, default=Path("bench-out/bench"), help="folder for the outputs")
 
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server with batched speculation")
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                        help="a Host name to answer besides the bound address (repeatable; e.g. behind a proxy)")
     add_option_flags(serve)
-    serve.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    serve.add_argument("--threads", type=int, help="CPU threads for torch and the llama.cpp backend (default: torch's choice)")
 
     train = commands.add_parser("train", help="train a draft head (EAGLE or Medusa) on the target's hidden states")
     train.add_argument("kind", choices=["eagle", "medusa"])
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--lr", type=float, default=1e-3)
     train.add_argument("--max-examples", type=int, help="use the first N examples of each file")
     train.add_argument("--max-tokens", type=int, default=512, help="tokens per example (prompt + response)")
-    train.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    train.add_argument("--threads", type=int, help="CPU threads for torch and the llama.cpp backend (default: torch's choice)")
 
     analyze = commands.add_parser("analyze", help="expected tokens per pass, predicted speedup, best K")
     analyze.add_argument("--alpha", type=float, help="acceptance rate per draft token")

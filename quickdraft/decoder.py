@@ -10,9 +10,17 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from quickdraft.backends.select import check_precision, default_precision, make_backend, resolve_device
+from quickdraft.backends.select import (
+    GGUF,
+    LLAMA_CPP,
+    check_precision,
+    default_precision,
+    make_backend,
+    resolve_device,
+    resolve_kind,
+)
 from quickdraft.calibrate import calibrate_self_spec
-from quickdraft.draft_length import PassCosts, make_draft_length
+from quickdraft.draft_length import PassCosts, make_draft_length, prior_slope
 from quickdraft.engine import Generation, prefill
 from quickdraft.errors import QuickdraftError
 from quickdraft.methods import MethodConfig, Parts, configure
@@ -80,19 +88,27 @@ class Decoder:
         self.config: MethodConfig = configure(method, draft is not None, k=k, **options)
         config = self.config
         self.device = resolve_device(config.device)
-        self.precision = config.precision or default_precision(self.device)
-        self.backend_kind = config.backend
+        if config.precision is not None:
+            check_precision(config.precision, config.backend)
+        # The backend that runs the target: "llama.cpp", "native" or "hf" (auto resolved here).
+        self.backend_kind = resolve_kind(target, config.backend, config.precision, self.device, measure_shapes,
+                                         cache_dir)
+        self.precision = GGUF if self.backend_kind == LLAMA_CPP else config.precision or default_precision(self.device)
         check_precision(self.precision, self.backend_kind)
         self._cache_dir, self._measure = cache_dir, measure_shapes
 
         def backend_for(loaded: LoadedModel, layers: list[int] | None = None):
-            return make_backend(loaded, self.backend_kind, self.precision, str(self.device), layers, measure_shapes,
-                                cache_dir)
+            kind, precision = self.backend_kind, self.precision
+            if kind == LLAMA_CPP and loaded.gguf is None:  # a draft model that is not a GGUF file runs natively
+                kind, precision = "auto", default_precision(self.device)
+            return make_backend(loaded, kind, precision, str(self.device), layers, measure_shapes, cache_dir)
 
         self.target_backend = backend_for(target)
         self.drafter = config.spec.build(Parts(target, draft, self.target_backend, backend_for), config)
         self.eos_ids = self.target_backend.eos_ids
         self.pass_costs = PassCosts()  # what this decoder's passes cost: shared by its generations' cost models
+        # The cost model's prior slope: from this backend's measured pass costs where it has them.
+        self.prior_slope = prior_slope(getattr(self.target_backend, "pass_ms", None))
         self.calibration: dict[int, float] | None = None  # self-spec depth -> tok/s, when calibrated
 
     @property
@@ -123,6 +139,8 @@ class Decoder:
         same = method is None or method == self.method
         kept = {name: value for name, value in self.config.given if same or name in MODEL_OPTIONS}
         kept["precision"] = self.precision
+        if options.get("backend", self.backend_kind) not in (self.backend_kind, "auto"):
+            kept.pop("precision")  # another backend: its own default precision
         if k is not None:
             kept.pop("k", None)
         return Decoder(self.target, self.draft, method or self.method, k, cache_dir=self._cache_dir,
@@ -198,7 +216,7 @@ class Decoder:
             self.drafter,
             prompt_ids,
             draft_length=make_draft_length(self.draft_length if k else "fixed", k, self.config.k_max,
-                                           self.pass_costs),
+                                           self.pass_costs, self.prior_slope),
             max_new_tokens=max_new_tokens,
             sampling=sampling,
             generator=torch.Generator().manual_seed(seed),

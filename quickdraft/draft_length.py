@@ -17,6 +17,8 @@ from quickdraft.analysis import time_per_token
 from quickdraft.errors import QuickdraftError
 from quickdraft.stats import StepRecord
 
+DEFAULT_PRIOR_SLOPE = 0.04  # an 8-token pass costing 1.3x a 1-token one: a guess, until passes are timed
+
 
 class DraftLength(Protocol):
     def next_k(self) -> int: ...
@@ -195,7 +197,7 @@ class CostModelK:
     """
 
     def __init__(self, k_start: int, k_min: int = 1, k_max: int = 16, prior_alpha: float = 0.5,
-                 prior_slope: float = 0.04, window: int = 24, horizon: int = 128, probe_every: int = 16,
+                 prior_slope: float = DEFAULT_PRIOR_SLOPE, window: int = 24, horizon: int = 128, probe_every: int = 16,
                  alpha_memory: float = 64.0, min_samples: int = 3, costs: PassCosts | None = None) -> None:
         self.k = k_start
         self.k_min, self.k_max = k_min, k_max
@@ -301,13 +303,24 @@ class CostModelK:
 DRAFT_LENGTHS = ("fixed", "adaptive", "cost")
 
 
-def make_draft_length(kind: str, k: int, k_max: int = 16, costs: PassCosts | None = None) -> DraftLength:
+def prior_slope(pass_ms: dict[int, float] | None) -> float:
+    """slope / base of T_target(K) = base + slope * K through measured pass costs (ms per pass of n = K + 1
+    tokens): what the cost model assumes until its own passes show the slope."""
+    if not pass_ms:
+        return DEFAULT_PRIOR_SLOPE
+    line = _resistant_line([(float(n - 1), ms, 1.0) for n, ms in pass_ms.items() if n >= 2])
+    return line[1] / line[0] if line is not None and line[0] > 0 else DEFAULT_PRIOR_SLOPE
+
+
+def make_draft_length(kind: str, k: int, k_max: int = 16, costs: PassCosts | None = None,
+                      slope: float = DEFAULT_PRIOR_SLOPE) -> DraftLength:
     """A fresh policy for one generation; k is the starting (or fixed) K. costs: the timings the
-    cost model shares with the decoder's other generations (None: its own)."""
+    cost model shares with the decoder's other generations (None: its own). slope: the cost model's
+    prior slope / base (see prior_slope)."""
     if kind == "fixed":
         return FixedK(k)
     if kind == "adaptive":
         return AdaptiveK(k, k_max=max(k, k_max))
     if kind == "cost":
-        return CostModelK(k, k_max=max(k, k_max), costs=costs)
+        return CostModelK(k, k_max=max(k, k_max), prior_slope=slope, costs=costs)
     raise QuickdraftError(f"unknown draft length policy {kind!r}; choose one of: {', '.join(DRAFT_LENGTHS)}")

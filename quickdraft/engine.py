@@ -160,6 +160,8 @@ class Generation:
             hidden = output.hidden[rows] if output.hidden is not None else None
             aux = output.logits[m + 1 :] if draft.aux_tokens else None
             self.drafter.update(self.draft_state, StepOutcome(self.tokens, verdict.path, hidden, aux))
+        else:
+            self.cache.truncate(0)  # finished: free its entries now (a pooled backend hands them to the next)
         record = StepRecord(
             k=plan.k,
             draft_tokens=list(draft.tokens),

@@ -229,3 +229,16 @@ def test_confidence_threshold_shortens_drafts(tiny_target):
     assert short.stats.drafted_tokens < full.stats.drafted_tokens
     with pytest.raises(QuickdraftError, match="confidence"):
         Decoder(loaded(tiny_target, "t"), loaded(unsure, "d"), "draft", 6, confidence=1.5)
+
+
+def test_the_prior_slope_comes_from_measured_pass_costs():
+    """slope / base of the verify cost line through passes of n = K + 1 tokens (n = 1 stays out: a
+    one-token pass may take a faster path); the generic guess where nothing was measured."""
+    from quickdraft.draft_length import DEFAULT_PRIOR_SLOPE, prior_slope
+
+    # T(K) = 10 + 5 K ms for K = n - 1 drafted tokens: slope / base = 0.5.
+    assert prior_slope({1: 6.0, 2: 15.0, 4: 25.0, 8: 45.0, 16: 85.0}) == pytest.approx(0.5)
+    assert prior_slope(None) == prior_slope({}) == prior_slope({1: 6.0, 2: 15.0}) == DEFAULT_PRIOR_SLOPE
+    cheap = CostModelK(4, prior_slope=prior_slope({1: 6.0, 2: 6.2, 4: 6.6, 8: 7.4, 16: 9.0}))
+    dear = CostModelK(4, prior_slope=prior_slope({1: 6.0, 2: 15.0, 4: 25.0, 8: 45.0, 16: 85.0}))
+    assert cheap.prior_slope < 0.05 < dear.prior_slope

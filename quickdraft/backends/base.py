@@ -67,6 +67,9 @@ class Backend(Protocol):
     dtype: torch.dtype  # of activations
     tokenizer: PreTrainedTokenizerBase | None
     eos_ids: frozenset[int]
+    # Optional: measured milliseconds of a pass of n tokens (shapes.measure_pass_costs); the cost
+    # model starts from it. Absent or None: the cost model starts from a generic prior.
+    pass_ms: dict[int, float] | None
 
     def new_cache(self) -> Cache: ...
 

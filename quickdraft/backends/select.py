@@ -9,16 +9,25 @@ import torch
 
 from quickdraft.backends.base import Backend
 from quickdraft.backends.hf import HFBackend
+from quickdraft.backends.llama_cpp import LlamaCppBackend, llama_cpp_installed
 from quickdraft.backends.native import NativeBackend
-from quickdraft.backends.shapes import measure_dense_kernel, measure_pad_plan, measure_row_plan
+from quickdraft.backends.shapes import (
+    cached_choice,
+    measure_dense_kernel,
+    measure_pad_plan,
+    measure_pass_costs,
+    measure_row_plan,
+)
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.gguf_blocks import cached_int4_blocks
 from quickdraft.models.layer_subset import layer_subset_model
-from quickdraft.models.loading import LoadedModel, default_cache_dir
+from quickdraft.models.loading import LoadedModel, default_cache_dir, file_key
 from quickdraft.models.native import SUPPORTED_ARCHITECTURES, NativeWeights, supports
 from quickdraft.models.precision import PRECISIONS, get_precision
 
-BACKENDS = ("auto", "native", "hf")
+LLAMA_CPP = "llama.cpp"
+GGUF = "gguf"  # the llama.cpp backend's precision: the GGUF file's own tensor types
+BACKENDS = ("auto", "native", "hf", LLAMA_CPP)
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -45,9 +54,64 @@ def check_backend_kind(kind: str) -> None:
 
 
 def check_precision(precision: str, kind: str) -> None:
+    if precision == GGUF:
+        if kind not in ("auto", LLAMA_CPP):
+            raise QuickdraftError(f"precision gguf is the llama.cpp backend's (backend='llama.cpp' or 'auto'), "
+                                  f"not the {kind} backend's")
+        return
     get_precision(precision)
+    if kind == LLAMA_CPP:
+        raise QuickdraftError(f"the llama.cpp backend computes with the GGUF file's own types; precision {precision} "
+                              f"needs the native backend")
     if precision != "fp32" and kind == "hf":
         raise QuickdraftError(f"precision {precision} needs the native backend (backend='auto' or 'native')")
+
+
+def check_llama_cpp(loaded: LoadedModel, device: torch.device) -> Path:
+    """The GGUF file llama.cpp can run for `loaded`, or a clear error."""
+    if not llama_cpp_installed():
+        raise QuickdraftError("backend 'llama.cpp' needs llama-cpp-python (./setup.sh builds it; or "
+                              "pip install llama-cpp-python==0.3.36)")
+    if loaded.gguf is None:
+        raise QuickdraftError(f"backend 'llama.cpp' runs GGUF files; {loaded.name!r} was not loaded from one")
+    if device.type != "cpu":
+        raise QuickdraftError(f"the llama.cpp backend runs on the CPU here, not on {device}")
+    return loaded.gguf
+
+
+def resolve_kind(loaded: LoadedModel, kind: str, precision: str | None, device: str | torch.device,
+                 measure: bool = True, cache_dir: str | os.PathLike | None = None) -> str:
+    """Which backend runs `loaded`: "llama.cpp", "native" or "hf". auto: llama.cpp for a GGUF target
+    when llama-cpp-python is installed, no native precision was asked for, the device is the CPU and
+    a one-token pass measured faster there than on the native backend (measured once per machine and
+    file, cached); else native where the architecture is supported; else hf."""
+    check_backend_kind(kind)
+    device = resolve_device(device)
+    if kind == LLAMA_CPP or precision == GGUF:
+        check_precision(precision or GGUF, kind)
+        check_llama_cpp(loaded, device)
+        return LLAMA_CPP
+    if (kind == "auto" and precision is None and measure and loaded.gguf is not None and device.type == "cpu"
+            and llama_cpp_installed()):
+        key = ("auto", str(device))
+        if key not in loaded.backends:
+            loaded.backends[key] = _llama_cpp_faster(loaded, device, cache_dir)
+        if loaded.backends[key]:
+            return LLAMA_CPP
+    return "native" if uses_native(loaded, kind) else "hf"
+
+
+def _llama_cpp_faster(loaded: LoadedModel, device: torch.device, cache_dir: str | os.PathLike | None) -> bool:
+    """Whether llama.cpp's one-token pass beats the native backend's at its default precision here."""
+    folder = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "pass_shapes"
+
+    def compare() -> bool:
+        fast = make_backend(loaded, LLAMA_CPP, GGUF, str(device), cache_dir=cache_dir).pass_ms[1]
+        native = make_backend(loaded, "auto", default_precision(device), str(device), cache_dir=cache_dir)
+        return fast < measure_pass_costs(native, folder)[1]
+
+    return cached_choice(folder, {"choice": "llama.cpp over native", "file": file_key(loaded.gguf),
+                                  "precision": default_precision(device)}, compare)
 
 
 def uses_native(loaded: LoadedModel, kind: str) -> bool:
@@ -67,6 +131,8 @@ def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32
     shapes on this machine (once, cached under cache_dir) and use the fastest."""
     check_precision(precision, kind)
     device = resolve_device(device)
+    if kind == LLAMA_CPP or precision == GGUF:
+        return _llama_cpp_backend(loaded, device, layers, measure, cache_dir)
     native = uses_native(loaded, kind)
     key = ("native" if native else "hf", precision, str(device), tuple(layers) if layers else None, measure)
     if key in loaded.backends:
@@ -100,6 +166,24 @@ def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32
     return backend
 
 
+def _llama_cpp_backend(loaded: LoadedModel, device: torch.device, layers: list[int] | None, measure: bool,
+                       cache_dir: str | os.PathLike | None) -> Backend:
+    """llama.cpp runs whole GGUF models, on as many threads as torch uses (the CLI's --threads); a
+    layer subset (self-speculation) runs on the native backend with the file's own 4-bit blocks."""
+    gguf = check_llama_cpp(loaded, device)
+    if layers is not None:
+        return make_backend(loaded, "native", "int4", str(device), layers, measure, cache_dir)
+    threads = torch.get_num_threads()
+    key = (LLAMA_CPP, threads)
+    if key not in loaded.backends:
+        backend = LlamaCppBackend(gguf, loaded.name, loaded.tokenizer, loaded.eos_ids, threads)
+        if measure:
+            folder = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "pass_shapes"
+            backend.pass_ms = measure_pass_costs(backend, folder, {"file": file_key(gguf), "threads": threads})
+        loaded.backends[key] = backend
+    return loaded.backends[key]
+
+
 def native_weights(loaded: LoadedModel, precision: str, device: torch.device,
                    shapes: Path | None = None) -> NativeWeights:
     """Weights at `precision` on `device`, extracted once; int4 from a GGUF file takes the file's own
@@ -118,5 +202,5 @@ def native_weights(loaded: LoadedModel, precision: str, device: torch.device,
     return loaded.native[key]
 
 
-__all__ = ["BACKENDS", "DEVICES", "PRECISIONS", "check_backend_kind", "check_precision", "default_precision",
-           "make_backend", "native_weights", "resolve_device", "uses_native"]
+__all__ = ["BACKENDS", "DEVICES", "GGUF", "LLAMA_CPP", "PRECISIONS", "check_backend_kind", "check_precision",
+           "default_precision", "make_backend", "native_weights", "resolve_device", "resolve_kind", "uses_native"]

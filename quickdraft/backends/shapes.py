@@ -173,3 +173,38 @@ def measure_dense_kernel(model, folder: Path | None, progress: bool = True) -> s
 def _shape(linear) -> tuple[int, int]:
     """(out, in) of any of the native backend's linear layers."""
     return linear.out_features, linear.in_features
+
+
+COST_GRID = (1, 2, 4, 8, 16)  # tokens per pass timed for the cost model's prior
+COST_CONTEXT = 128  # cached tokens before the timed pass: a typical prompt
+
+
+def measure_pass_costs(backend, folder: Path | None, signature: dict | None = None,
+                       progress: bool = True) -> dict[int, float]:
+    """Milliseconds of one whole pass of n tokens (all logits) after COST_CONTEXT cached ones, for n
+    in COST_GRID: the median of REPEATS interleaved rounds. What verification costs on this backend
+    here, for the cost model's prior and for choosing a backend; cached per machine."""
+    from quickdraft.backends.base import SeqPass
+
+    signature = {"backend": type(backend).__name__, "name": backend.name,
+                 "precision": getattr(backend, "precision", None), "device": str(backend.device),
+                 "grid": COST_GRID, "context": COST_CONTEXT, **(signature or {})}
+
+    def measure() -> dict[int, float]:
+        context = [(7 + 13 * i) % backend.vocab_size for i in range(COST_CONTEXT)]
+        cache = backend.new_cache()
+        backend.forward([SeqPass(cache, context, logits="none")])
+
+        def run(rows: int) -> None:
+            backend.forward([SeqPass(cache, context[:rows])])
+            cache.truncate(COST_CONTEXT)
+
+        costs: dict[int, list[float]] = {rows: [] for rows in COST_GRID}
+        run(1)  # warm-up
+        for _ in tqdm(range(REPEATS), desc=f"quickdraft: timing {backend.name} passes (once)", unit="round",
+                      disable=not progress, file=sys.stderr):
+            for rows in COST_GRID:
+                costs[rows].append(_ms(lambda: run(rows)))
+        return {rows: statistics.median(t) for rows, t in costs.items()}
+
+    return {int(n): float(ms) for n, ms in cached_choice(folder, signature, measure).items()}

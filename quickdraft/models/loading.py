@@ -135,7 +135,7 @@ def _from_pretrained(name_or_path: str, dtype: torch.dtype, name: str) -> Loaded
 
 def _load_gguf(path: Path, cache: Path, dtype: torch.dtype) -> LoadedModel:
     """De-quantize a GGUF file into a cached safetensors folder, then load that folder."""
-    converted = cache / "converted" / f"{path.stem}-{_file_key(path)}"
+    converted = cache / "converted" / f"{path.stem}-{file_key(path)}"
     if not (converted / "model.safetensors").is_file():
         _convert_gguf(path, converted)
     loaded = _from_pretrained(str(converted), dtype, path.stem)
@@ -143,7 +143,7 @@ def _load_gguf(path: Path, cache: Path, dtype: torch.dtype) -> LoadedModel:
     return loaded
 
 
-def _file_key(path: Path) -> str:
+def file_key(path: Path) -> str:
     """Identifies a file's contents cheaply: its resolved path, size, mtime, and the converter."""
     stat = path.stat()
     text = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|transformers {transformers.__version__}"

@@ -1,0 +1,390 @@
+"""The llama.cpp backend: a GGUF model on ggml's CPU kernels, through llama-cpp-python's low-level API.
+
+One llama.cpp context holds every sequence's cache in one unified pool of cells; a sequence
+owns a sequence id. A pass of several sequences is one llama_decode. Rolling back removes the
+sequence's cells past the accepted length. A tree (or any masked pass) gets temporary "view"
+sequence ids: llama.cpp lets a token attend the cells that carry its first sequence id at
+positions up to its own, so each new token is put in the views of the tokens that attend it,
+and each view starts as a copy of the sequence's cached prefix (a copy adds an id to cells; no
+data moves). Keeping an accepted path copies the path's cells into the sequence, then drops
+the views.
+
+Cell order matters for exactness (docs/llama-cpp.md): attention sums a row over its cells in
+cell order, so a sequence's cells must stay in position order. A tree pass puts its most likely
+chain (each node's first child) first; a kept path that leaves that chain is cut where it leaves
+it, and its remaining tokens are decoded again at the front of the sequence's next pass, into
+cells in order ("pending").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from quickdraft.backends.base import PassOutput, SeqPass, check_passes
+from quickdraft.errors import QuickdraftError
+
+
+def llama_cpp_installed() -> bool:
+    """Whether llama-cpp-python can be imported (found without importing it)."""
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def _require() -> object:
+    if not llama_cpp_installed():
+        raise QuickdraftError("backend 'llama.cpp' needs llama-cpp-python (./setup.sh installs it; or "
+                              "pip install llama-cpp-python==0.3.36)")
+    import llama_cpp  # optional dependency
+
+    return llama_cpp
+
+
+@functools.cache
+def _silence(lib) -> object:
+    """Drop llama.cpp's log messages, once per process: llama.cpp keeps the callback in a global,
+    so it must outlive every backend (cached here, never freed)."""
+
+    @lib.llama_log_callback
+    def quiet(level, text, user_data):  # noqa: ARG001 - the C signature
+        return None
+
+    lib.llama_log_set(quiet, ctypes.c_void_p())
+    return quiet
+
+
+@dataclass
+class _Layout:
+    """One sequence's share of a decode, in batch (and cell) order: its pending tokens, then its pass's."""
+
+    tokens: list[int]
+    positions: list[int]
+    ids: list[list[int]]  # each token's sequence ids, the one it attends through first
+    outputs: list[bool]  # whether a token makes an output row
+    slots: list[int]  # each pass token's place among the pass's own tokens
+    views: list[int] = field(default_factory=list)
+    first_view: list[int] = field(default_factory=list)  # each pass token's own view
+    attends: list[frozenset[int]] = field(default_factory=list)  # each pass token's attended pass tokens
+
+
+class LlamaCppCache:
+    """One sequence: its id in the shared pool of cells and its length. Of its entries, the last
+    len(pending) have no cells yet (a kept tree branch's tokens, decoded again by the next pass).
+    A masked pass leaves its views until keep() or truncate()."""
+
+    def __init__(self, backend: LlamaCppBackend, seq: int) -> None:
+        self.backend, self.seq, self.length = backend, seq, 0
+        self.pending: list[int] = []  # tokens at positions length - len(pending) .. length - 1, no cells yet
+        self.start = 0  # the length before the last pass
+        self.tokens: list[int] = []  # the last pass's tokens
+        self.slots: list[int] = []  # each of them: its place in the pass's cells (masked passes)
+        self.views: list[int] = []  # view ids of the last pass, if masked
+        self.first_view: list[int] = []  # each new token's view (the one it attends through)
+        self.attends: list[frozenset[int]] = []  # each new token's attended new tokens
+        # Released into the shared handles, not the backend: after the context is freed it does nothing.
+        weakref.finalize(self, backend.handles.release, seq).atexit = False
+
+    @property
+    def placed(self) -> int:
+        """Entries that have cells: the first length - len(pending)."""
+        return self.length - len(self.pending)
+
+    def _drop_views(self) -> None:
+        for view in self.views:
+            self.backend._release(view)
+        self.views, self.first_view, self.attends = [], [], []
+
+    def truncate(self, length: int) -> None:
+        self._drop_views()
+        length = max(0, length)
+        if length < self.placed:
+            self.backend._remove(self.seq, length)
+            self.pending = []
+        elif length < self.length:
+            self.pending = self.pending[: length - self.placed]
+        self.length = min(self.length, length)
+        self.start = min(self.start, self.length)
+
+    def keep(self, indices: list[int]) -> None:
+        start = self.start
+        # Ascending indices whose index start - 1 is start - 1 begin with the whole cached prefix.
+        prefix = len(indices) >= start and (start == 0 or indices[start - 1] == start - 1)
+        if not prefix or (indices and indices[-1] >= self.length):
+            raise ValueError("keep() takes the cached prefix and then an accepted path of the last pass")
+        new = [i - start for i in indices[start:]]
+        if not self.views or not new:
+            if new != list(range(len(new))):
+                raise ValueError("only a masked pass can keep a path that is not a prefix")
+            self.truncate(len(indices))
+            return
+        if set(new) != self.attends[new[-1]]:
+            raise ValueError("a kept path must be exactly what its last token attended")
+        # The path's first `ordered` tokens sit in cells start, start + 1, ... (the pass's first chain);
+        # a view holding one of them holds exactly the path up to it: copy those cells.
+        ordered = 0
+        while ordered < len(new) and self.slots[new[ordered]] == ordered:
+            ordered += 1
+        if ordered:
+            self.backend._copy(self.first_view[new[ordered - 1]], self.seq, start, start + ordered)
+        self._drop_views()
+        self.pending = [self.tokens[i] for i in new[ordered:]]  # decoded again, in order, by the next pass
+        self.length = start + len(new)
+        self.start = self.length
+
+
+class LlamaCppBackend:
+    """A GGUF model run by llama.cpp for many caches. cells: cache cells shared by all sequences
+    (each sequence may hold up to max_length of them); threads: llama.cpp's CPU threads."""
+
+    def __init__(self, gguf: str | Path, name: str, tokenizer: PreTrainedTokenizerBase | None = None,
+                 eos_ids: frozenset[int] = frozenset(), threads: int | None = None, cells: int | None = None,
+                 max_sequences: int = 256) -> None:
+        lib = _require()
+        self._lib = lib
+        _silence(lib)
+        lib.llama_backend_init()
+        path = Path(gguf)
+        if not path.is_file():
+            raise QuickdraftError(f"GGUF file not found: {path}")
+        model_params = lib.llama_model_default_params()
+        model = lib.llama_model_load_from_file(str(path).encode(), model_params)
+        if not model:
+            raise QuickdraftError(f"llama.cpp could not load {path}")
+        self.name, self.tokenizer, self.eos_ids, self.gguf = name, tokenizer, eos_ids, path
+        self.threads = threads or torch.get_num_threads()
+        trained = int(lib.llama_model_n_ctx_train(model))
+        self.max_sequences = min(max_sequences, int(lib.llama_max_parallel_sequences()))
+        params = lib.llama_context_default_params()
+        params.n_ctx = cells or trained
+        params.n_batch = params.n_ctx  # a whole prompt in one decode (llama.cpp splits it into ubatches)
+        params.n_ubatch = 512
+        params.n_seq_max = self.max_sequences
+        params.kv_unified = True  # one pool of cells: sequences share cells by id, nothing is copied
+        params.n_threads = params.n_threads_batch = self.threads
+        params.no_perf = True
+        params.embeddings = False
+        # Exactness (docs/llama-cpp.md): flash attention sums each query row over its cells in cell
+        # order, one row at a time, in the build setup.sh makes (patches/: no KV split for a lone
+        # row, no Q tiles). So a row does not depend on the pass it is in, and while a sequence's
+        # cells stay in position order (see "pending") its rows equal plain decoding's bit for bit.
+        params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        context = lib.llama_init_from_model(model, params)
+        if not context:
+            lib.llama_model_free(model)
+            raise QuickdraftError(f"llama.cpp could not make a context for {path}")
+        self.max_sequences = min(self.max_sequences, int(lib.llama_n_seq_max(context)))
+        self.handles = _Handles(lib, model, context, self.max_sequences)
+        self._context, self._memory = context, self.handles.memory
+        weakref.finalize(self, self.handles.close)
+        self.cells = int(lib.llama_n_ctx(context))
+        self.max_length = min(trained, self.cells)
+        vocab = lib.llama_model_get_vocab(model)
+        self.vocab_size = int(lib.llama_vocab_n_tokens(vocab))
+        self.hidden_size = int(lib.llama_model_n_embd(model))
+        self.device, self.dtype = torch.device("cpu"), torch.float32
+        self.precision = "gguf"
+        self.pass_ms: dict[int, float] | None = None  # measured by backends/select.py when asked
+        self._embeddings = False
+
+    # -- sequence ids -------------------------------------------------------------------------
+
+    def _take_id(self) -> int:
+        if not self.handles.free_ids:
+            raise ValueError(f"llama.cpp backend: all {self.max_sequences} sequence ids are in use")
+        return self.handles.free_ids.pop()
+
+    def new_cache(self) -> LlamaCppCache:
+        return LlamaCppCache(self, self._take_id())
+
+    def _release(self, seq: int) -> None:
+        self.handles.release(seq)
+
+    def _remove(self, seq: int, start: int) -> None:
+        if not self._lib.llama_memory_seq_rm(self._memory, seq, start, -1):
+            raise RuntimeError("llama.cpp refused to remove cache cells")
+
+    def _copy(self, source: int, target: int, start: int, end: int) -> None:
+        self._lib.llama_memory_seq_cp(self._memory, source, target, start, end)
+
+    # -- passes -------------------------------------------------------------------------------
+
+    def forward(self, passes: list[SeqPass]) -> list[PassOutput]:
+        check_passes(passes, self.max_length)
+        for p in passes:
+            if not isinstance(p.cache, LlamaCppCache) or p.cache.backend is not self:
+                raise ValueError("a cache from another backend was passed to this one")
+            if p.cache.views:
+                raise ValueError("keep() or truncate() the previous masked pass before the next pass")
+            if not p.tokens:
+                raise ValueError("a pass needs at least one token")
+        layouts: list[_Layout] = []
+        try:
+            for p in passes:
+                layouts.append(self._layout(p))
+            self._run(passes, layouts)
+        except BaseException:
+            for layout in layouts:
+                for view in layout.views:
+                    self._release(view)
+            raise
+        results, base = [], 0
+        for p, layout in zip(passes, layouts):
+            cache, n = p.cache, len(p.tokens)
+            cache.pending = []  # decoded now, into cells in order
+            cache.start, cache.length = cache.length, cache.length + n
+            cache.tokens, cache.slots = list(p.tokens), layout.slots
+            cache.views, cache.first_view, cache.attends = layout.views, layout.first_view, layout.attends
+            rows = [base + len(layout.tokens) - n + slot for slot in layout.slots]  # batch index of each token
+            logits = None
+            if p.logits != "none":
+                wanted = rows if p.logits == "all" else rows[-1:]
+                logits = self._rows(self._lib.llama_get_logits_ith, wanted, self.vocab_size)  # [rows, V]
+            states = self._rows(self._lib.llama_get_embeddings_ith, rows, self.hidden_size) if p.hidden else None
+            results.append(PassOutput(logits, states))  # hidden: [n, H]
+            base += len(layout.tokens)
+        return results
+
+    def _layout(self, p: SeqPass) -> _Layout:
+        """Where each token of the pass goes: the cache's pending tokens first (in the sequence and in
+        every view), then the pass's tokens, for a masked pass its first chain first."""
+        cache, n = p.cache, len(p.tokens)
+        positions = list(range(cache.length, cache.length + n)) if p.positions is None else list(p.positions)
+        wanted = range(n) if p.hidden or p.logits == "all" else [n - 1] if p.logits == "last" else []
+        outputs = [i in wanted for i in range(n)]
+        pending = [(token, cache.placed + i) for i, token in enumerate(cache.pending)]
+        if p.mask is None:
+            return _Layout([t for t, _ in pending] + list(p.tokens), [q for _, q in pending] + positions,
+                           [[cache.seq]] * (len(pending) + n), [False] * len(pending) + outputs, list(range(n)))
+        mask = p.mask.cpu()
+        if mask.shape != (n, cache.length + n) or not bool(mask[:, : cache.length].all()):
+            raise ValueError("a masked pass must see its whole cached prefix ([n, cached + n] mask)")
+        attends = [frozenset(torch.nonzero(row).flatten().tolist()) for row in mask[:, cache.length :]]  # [n] sets
+        for i, seen in enumerate(attends):
+            if i not in seen or max(seen) > i or any(positions[j] > positions[i] for j in seen):
+                raise ValueError("a masked pass's tokens must attend themselves and only earlier tokens and positions")
+        order = _chain_first(attends)
+        # A token shares the view of a token w when it is in w's view and attends exactly the part of
+        # w's view up to its own position; the most attending tokens take views first.
+        owner: dict[int, int] = {}
+        for i in sorted(range(n), key=lambda t: -len(attends[t])):
+            owner[i] = next((w for w in dict.fromkeys(owner.values()) if i in attends[w] and attends[i] ==
+                             {j for j in attends[w] if positions[j] <= positions[i]}), i)
+        owners = list(dict.fromkeys(owner.values()))
+        views: list[int] = []
+        try:
+            for _ in owners:
+                views.append(self._take_id())
+                if cache.placed:
+                    self._copy(cache.seq, views[-1], 0, cache.placed)
+        except BaseException:
+            for view in views:
+                self._release(view)
+            raise
+        view_of = dict(zip(owners, views))
+        # Token j is in the view of every owner that attends it; its own view comes first.
+        ids = [[view_of[owner[j]], *(view_of[w] for w in owners if w != owner[j] and j in attends[w])]
+               for j in range(n)]
+        slots = [0] * n
+        for place, i in enumerate(order):
+            slots[i] = place
+        return _Layout([t for t, _ in pending] + [p.tokens[i] for i in order],
+                       [q for _, q in pending] + [positions[i] for i in order],
+                       [[cache.seq, *views]] * len(pending) + [ids[i] for i in order],
+                       [False] * len(pending) + [outputs[i] for i in order], slots, views,
+                       [row[0] for row in ids], attends)
+
+    def _run(self, passes: list[SeqPass], layouts: list[_Layout]) -> None:
+        lib = self._lib
+        total = sum(len(layout.tokens) for layout in layouts)
+        width = max(len(row) for layout in layouts for row in layout.ids)
+        batch = self._batch_for(total, width)
+        t = 0
+        for layout in layouts:
+            for token, position, ids, output in zip(layout.tokens, layout.positions, layout.ids, layout.outputs):
+                batch.token[t], batch.pos[t], batch.n_seq_id[t], batch.logits[t] = token, position, len(ids), output
+                for s, seq in enumerate(ids):
+                    batch.seq_id[t][s] = seq
+                t += 1
+        batch.n_tokens = total
+        hidden = any(p.hidden for p in passes)
+        if hidden != self._embeddings:
+            lib.llama_set_embeddings(self._context, hidden)
+            self._embeddings = hidden
+        code = lib.llama_decode(self._context, batch)
+        if code != 0:
+            for p in passes:  # a failed decode may leave some ubatches' cells behind
+                self._remove(p.cache.seq, p.cache.placed)
+            what = "no room left in the cache cells" if code == 1 else f"error {code}"
+            raise ValueError(f"llama.cpp decode failed: {what}")
+
+    def _batch_for(self, tokens: int, width: int):
+        handles = self.handles
+        held_tokens, held_width = handles.batch_size
+        if tokens > held_tokens or width > held_width:
+            if handles.batch is not None:
+                self._lib.llama_batch_free(handles.batch)
+                handles.batch = None
+            size = (max(tokens, 2 * held_tokens, 64), max(width, held_width, 1))
+            handles.batch = self._lib.llama_batch_init(size[0], 0, size[1])
+            handles.batch_size = size
+        return handles.batch
+
+    def _rows(self, read, indices: list[int], width: int) -> torch.Tensor:
+        """The output rows of these batch tokens [len(indices), width] fp32, copied out of llama.cpp."""
+        out = np.empty((len(indices), width), dtype=np.float32)
+        for r, index in enumerate(indices):
+            pointer = read(self._context, index)
+            if not pointer:
+                raise RuntimeError(f"llama.cpp returned no output row for batch token {index}")
+            out[r] = np.ctypeslib.as_array(pointer, shape=(width,))
+        return torch.from_numpy(out)
+
+
+def _chain_first(attends: list[frozenset[int]]) -> list[int]:
+    """The order a masked pass's tokens take cells in: its first chain (the first token, then each
+    time the first token that attends exactly the chain so far and itself: a tree's most likely
+    path, each node's first child), then the rest in their order. Every token still comes after
+    what it attends, so its cells are in position order."""
+    chain: list[int] = []
+    seen: frozenset[int] = frozenset()
+    for i, attended in enumerate(attends):
+        if attended == seen | {i}:
+            chain.append(i)
+            seen = attended
+    return chain + [i for i in range(len(attends)) if i not in seen]
+
+
+class _Handles:
+    """llama.cpp's model, context and batch, freed once, and the free sequence ids. Caches release
+    their ids here (not into the backend), so whichever the garbage collector frees first, a
+    release after close() does nothing."""
+
+    def __init__(self, lib, model, context, max_sequences: int) -> None:
+        self.lib, self.model, self.context = lib, model, context
+        self.memory = lib.llama_get_memory(context)
+        self.free_ids = list(range(max_sequences - 1, -1, -1))  # a stack: the lowest id first
+        self.batch = None
+        self.batch_size = (0, 0)  # (tokens, ids per token) the batch holds
+        self.closed = False
+
+    def release(self, seq: int) -> None:
+        """A cache or view is done: free its cells and its id."""
+        if not self.closed:
+            self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
+            self.free_ids.append(seq)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.batch is not None:
+            self.lib.llama_batch_free(self.batch)
+        self.lib.llama_free(self.context)
+        self.lib.llama_model_free(self.model)

@@ -1,0 +1,209 @@
+"""The llama.cpp backend on the embedded default target (skipped where llama-cpp-python is absent).
+
+Exact means bit for bit here: rows of a pass do not depend on the pass (patched build, see
+patches/), so a lone sequence's speculative rows are plain decoding's rows.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import openai
+import pytest
+import torch
+
+import quickdraft
+from quickdraft.backends.base import SeqPass
+from quickdraft.backends.llama_cpp import LlamaCppBackend, llama_cpp_installed
+from quickdraft.backends.select import make_backend
+from quickdraft.errors import QuickdraftError
+from quickdraft.models import default_gguf_path
+from quickdraft.models.loading import load_model
+from quickdraft.serve import create_app
+from quickdraft.serve.background import BackgroundServer
+from quickdraft.tree import pass_layout
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not llama_cpp_installed(),
+                                 reason="llama-cpp-python is not installed (./setup.sh builds it)")]
+PROMPTS = ["Write a Python function that checks whether a number is prime.",
+           "Summarize in two sentences: The city council met on Tuesday to discuss the new park. Residents "
+           "asked for more trees and a playground. The council agreed to plant forty trees and to build the "
+           "playground next spring, paid for by the parks budget."]
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    return quickdraft.load(method="none", backend="llama.cpp", measure_shapes=False)
+
+
+@pytest.fixture(scope="module")
+def backend(decoder) -> LlamaCppBackend:
+    return decoder.target_backend
+
+
+def random_tokens(generator: torch.Generator, n: int) -> list[int]:
+    return torch.randint(100, 40000, (n,), generator=generator).tolist()
+
+
+def rows(backend: LlamaCppBackend, tokens: list[int], new: list[int]) -> torch.Tensor:
+    """Logits [len(new), V] of `new` after `tokens`, one token per pass, in a fresh cache."""
+    cache = backend.new_cache()
+    backend.forward([SeqPass(cache, tokens, logits="none")])
+    return torch.cat([backend.forward([SeqPass(cache, [t])])[0].logits for t in new])
+
+
+def test_it_is_the_gguf_file_on_llama_cpp(decoder, backend):
+    assert decoder.backend_kind == "llama.cpp" and decoder.precision == "gguf"
+    assert backend.vocab_size == decoder.target.model.get_output_embeddings().weight.shape[0]
+    assert backend.max_length == 8192 and backend.hidden_size == 576
+
+
+def test_logits_match_the_native_int4_backend(decoder, backend):
+    """Same Q4_1 weights; llama.cpp also rounds activations to 8 bits, so: close, same top-1."""
+    native = make_backend(decoder.target, "native", "int4", "cpu", measure=False)
+    ids = decoder.encode(PROMPTS[0])
+    ours = backend.forward([SeqPass(backend.new_cache(), ids)])[0].logits  # [n, V]
+    theirs = native.forward([SeqPass(native.new_cache(), ids)])[0].logits
+    agree = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
+    kl = torch.nn.functional.kl_div(ours.log_softmax(-1), theirs.log_softmax(-1), log_target=True,
+                                    reduction="none").sum(-1).mean().item()
+    assert agree >= 0.9 and kl < 0.05, (agree, kl)
+
+
+@pytest.mark.parametrize("context", [40, 600])  # 600: past 512 cells, where a stock build splits a lone row's KV
+def test_rows_do_not_depend_on_the_pass(backend, context):
+    generator = torch.Generator().manual_seed(context)
+    prefix, new = random_tokens(generator, context), random_tokens(generator, 12)
+    one_by_one = rows(backend, prefix, new)
+    cache = backend.new_cache()
+    backend.forward([SeqPass(cache, prefix, logits="none")])
+    for n in (2, 3, 5, 8, 12):
+        cache.truncate(context)
+        together = backend.forward([SeqPass(cache, new[:n])])[0].logits
+        assert torch.equal(together, one_by_one[:n]), f"rows of a {n}-token pass differ: is the build patched?"
+
+
+def test_rollback_equals_a_fresh_prefill(backend):
+    generator = torch.Generator().manual_seed(3)
+    prefix, draft, fix = random_tokens(generator, 30), random_tokens(generator, 6), random_tokens(generator, 3)
+    cache = backend.new_cache()
+    backend.forward([SeqPass(cache, prefix, logits="none")])
+    backend.forward([SeqPass(cache, draft)])
+    cache.truncate(32)  # two drafts accepted, the rest rolled back
+    assert cache.length == 32
+    after = backend.forward([SeqPass(cache, fix)])[0].logits
+    assert torch.equal(after, rows(backend, prefix + draft[:2], fix))
+
+
+def test_tree_rows_equal_chain_passes_and_a_kept_branch_stays_exact(decoder, backend):
+    text = decoder.encode(PROMPTS[1])  # real text: random ids make activations chaotic
+    prefix, tokens, after_branch = text[:-12], text[-12:-5], text[-5:-4]
+    parents = [-1, -1, 0, 0, 1, 2]  # two children of the root, then a level below each
+    mask, offsets = pass_layout(parents, [], None)  # [7, 7] with the root
+    cache = backend.new_cache()
+    backend.forward([SeqPass(cache, prefix, logits="none")])
+    full = torch.cat([torch.ones(len(tokens), len(prefix), dtype=torch.bool), mask], dim=1)
+    tree = backend.forward([SeqPass(cache, tokens, [len(prefix) + o for o in offsets], full)])[0].logits
+    for node in range(len(parents)):
+        path = [node]
+        while parents[path[-1]] != -1:
+            path.append(parents[path[-1]])
+        chain = [tokens[0], *(tokens[1 + i] for i in reversed(path))]
+        assert torch.equal(tree[1 + node], rows(backend, prefix, chain)[-1]), node
+    # Keep root, node 1, node 4: it leaves the pass's first chain (root, node 0, node 2) at node 1, so
+    # nodes 1 and 4 are decoded again at the front of the next pass, into cells in position order.
+    root = len(prefix)
+    cache.keep([*range(root + 1), root + 1 + 1, root + 1 + 4])
+    assert cache.length == root + 3 and not cache.views and cache.pending == [tokens[2], tokens[5]]
+    after = backend.forward([SeqPass(cache, after_branch)])[0].logits
+    assert torch.equal(after, rows(backend, prefix + [tokens[0], tokens[2], tokens[5]], after_branch))
+    # Rolling back into pending tokens drops them; keeping the first chain leaves nothing pending.
+    for kept, pending in (([1, 4], [tokens[2]]), ([0, 2], [])):
+        cache.truncate(root)
+        backend.forward([SeqPass(cache, tokens, [root + o for o in offsets], full)])
+        cache.keep([*range(root + 1), *(root + 1 + i for i in kept)])
+        cache.truncate(root + 2)
+        assert cache.pending == pending
+        after = backend.forward([SeqPass(cache, after_branch)])[0].logits
+        assert torch.equal(after, rows(backend, prefix + [tokens[0], tokens[1 + kept[0]]], after_branch))
+
+
+def test_two_sequences_batched_equal_each_alone(backend):
+    generator = torch.Generator().manual_seed(5)
+    a, b = random_tokens(generator, 20), random_tokens(generator, 33)
+    a_new, b_new = random_tokens(generator, 4), random_tokens(generator, 1)
+    first, second = backend.new_cache(), backend.new_cache()
+    backend.forward([SeqPass(first, a, logits="none"), SeqPass(second, b, logits="none")])
+    out = backend.forward([SeqPass(first, a_new), SeqPass(second, b_new, logits="last", hidden=True)])
+    alone_a = backend.forward([SeqPass(c := backend.new_cache(), a + a_new)])[0].logits[-4:]
+    c.truncate(0)
+    alone_b = backend.forward([SeqPass(backend.new_cache(), b + b_new, logits="last", hidden=True)])[0]
+    assert torch.equal(out[0].logits, alone_a)
+    assert torch.equal(out[1].logits, alone_b.logits) and torch.equal(out[1].hidden, alone_b.hidden[-1:])
+
+
+def test_hidden_states_are_the_final_norms_output(decoder, backend):
+    """What EAGLE and Medusa heads read: close to the native int4 backend's last hidden states."""
+    native = make_backend(decoder.target, "native", "int4", "cpu", measure=False)
+    ids = decoder.encode(PROMPTS[1])
+    ours = backend.forward([SeqPass(backend.new_cache(), ids, logits="none", hidden=True)])[0].hidden
+    theirs = native.forward([SeqPass(native.new_cache(), ids, logits="none", hidden=True)])[0].hidden
+    assert ours.shape == theirs.shape == (len(ids), backend.hidden_size)
+    assert torch.nn.functional.cosine_similarity(ours, theirs, dim=-1).min() > 0.98
+
+
+@pytest.mark.parametrize("method", ["prompt-lookup", "prompt-lookup:draft_length=fixed", "self-spec", "draft",
+                                    "lookahead", "eagle", "medusa"])
+def test_greedy_speculation_equals_plain_decoding(decoder, method):
+    """Exact by construction for one sequence: rows do not depend on the pass, and every kept token
+    sits in cells in position order (a kept tree branch off the first chain is decoded again)."""
+    draft = load_model(default_gguf_path()) if method == "draft" else None  # its own llama.cpp context
+    speculative = quickdraft.Decoder(decoder.target, draft, method, measure_shapes=False, backend="llama.cpp")
+    for prompt in PROMPTS:
+        plain = decoder.generate(prompt, max_new_tokens=40)
+        fast = speculative.generate(prompt, max_new_tokens=40)
+        assert fast.token_ids == plain.token_ids, (method, prompt)
+    assert fast.stats.target_passes < len(fast.token_ids) or method.startswith("prompt-lookup")
+
+
+def test_bad_settings_are_refused(decoder, tiny_target):
+    with pytest.raises(QuickdraftError, match="runs GGUF files"):
+        quickdraft.load(tiny_target, method="none", backend="llama.cpp", measure_shapes=False)
+    with pytest.raises(QuickdraftError, match="GGUF file's own types"):
+        quickdraft.Decoder(decoder.target, method="none", backend="llama.cpp", precision="int4")
+    with pytest.raises(QuickdraftError, match="llama.cpp backend's"):
+        quickdraft.Decoder(decoder.target, method="none", backend="native", precision="gguf")
+    backend = decoder.target_backend
+    cache = backend.new_cache()
+    backend.forward([SeqPass(cache, [1, 2, 3], logits="none")])
+    with pytest.raises(ValueError, match="not a prefix"):
+        cache.keep([0, 2])  # no masked pass to keep a branch of
+    assert cache.length == 3
+
+
+def test_the_server_runs_on_this_backend(decoder):
+    """The official openai client against `quickdraft serve` on llama.cpp: text, streams, batching."""
+    server = BackgroundServer(create_app(decoder, max_batch=4, max_queue=8, max_tokens_limit=64))
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        expected = decoder.generate(PROMPTS[0], 24, chat=False)
+        whole = client.completions.create(model=decoder.target.name, prompt=PROMPTS[0], max_tokens=24,
+                                          temperature=0, extra_body={"quickdraft": {"method": "prompt-lookup"}})
+        assert whole.choices[0].text == expected.text
+        results: dict[int, str] = {}
+
+        def stream(index: int) -> None:
+            pieces = client.chat.completions.create(model=decoder.target.name, max_tokens=16, temperature=0,
+                                                    messages=[{"role": "user", "content": PROMPTS[index % 2]}],
+                                                    stream=True)
+            results[index] = "".join(p.choices[0].delta.content or "" for p in pieces)
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert results[0] and results[0] == results[2]
+    finally:
+        server.stop()
