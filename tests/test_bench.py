@@ -77,8 +77,8 @@ def test_methods_at_another_precision_are_checked_against_plain_decoding_at_it(d
     contenders = method_contenders(decoder, ["prompt-lookup:precision=int4", "none:precision=int8",
                                              "prompt-lookup:precision=int8"])
     references = {c.name: c.reference for c in contenders}
-    assert references == {"none": "none", "none:precision=int4,backend=auto": "none:precision=int4,backend=auto",
-                          "prompt-lookup:precision=int4": "none:precision=int4,backend=auto",
+    assert references == {"none": "none", "none:precision=int4,backend=native": "none:precision=int4,backend=native",
+                          "prompt-lookup:precision=int4": "none:precision=int4,backend=native",
                           "none:precision=int8": "none:precision=int8",
                           "prompt-lookup:precision=int8": "none:precision=int8"}
     result = run_bench(PROMPTS, contenders, BenchSettings(max_new_tokens=16), progress=False)
@@ -87,7 +87,7 @@ def test_methods_at_another_precision_are_checked_against_plain_decoding_at_it(d
     # int4 plain decoding differs from fp32 (the baseline) but is its own precision's reference.
     report = write_report(tmp_path, result, summaries, {"target": "tiny", "precision": "fp32", "backend": "auto",
                                                          "prompts": "ids"})["report"].read_text()
-    assert "| 0/2 vs none:precision=int4,backend=auto |" in report
+    assert "| 0/2 vs none:precision=int4,backend=native |" in report
 
 
 def test_sampled_runs_skip_the_equality_check(decoder):

@@ -172,7 +172,7 @@ def test_bench_command_on_the_default_target(tmp_path, capsys):
     assert "| prompt-lookup |" in out and "| transformers generate |" in out
     report = (tmp_path / "report.md").read_text()
     assert "## qa" in report and "Every quickdraft method produced its reference's tokens" in report
-    assert "| prompt-lookup:precision=int4 |" in report and "0/1 vs none:precision=int4,backend=auto |" in report
+    assert "| prompt-lookup:precision=int4 |" in report and "0/1 vs none:precision=int4,backend=native |" in report
     raw = json.loads((tmp_path / "results.json").read_text())
     assert raw["summaries"]["overall"]["transformers generate"]["mismatches"] == []
     assert all((tmp_path / name).is_file() for name in ("speedup_by_category.png", "acceptance_by_position.png",
