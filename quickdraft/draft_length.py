@@ -234,9 +234,13 @@ class CostModelK:
         t_draft = self._draft.median if len(self._draft) else 0.0  # kept while K = 0: stale beats unknown
         k_best, t_best = _best_drafting_k(min(self.alpha, 0.999), t_draft, base, slope, k_lo, self.k_max)
         self._probe_plain = None
+        # A probe costs its pass over a plain one: probing every probe_every * that ratio steps keeps
+        # exploration near 1 / probe_every of the time where passes are dear (a pass of 9 tokens
+        # costs 5 plain ones on llama.cpp on a 2-core CPU) as where they are nearly free.
+        probe_due = self._since_draft >= self.probe_every * max(1.0, (base + slope * k_best) / plain)
         if t_best < plain:
             self.k = 0 if self._plain_due() else k_best
-        elif self._since_draft >= self.probe_every or self._follow_up:
+        elif probe_due or self._follow_up:
             self.k, self._probe_plain = k_best, plain  # alpha is only learned by drafting
         else:
             self.k = 0

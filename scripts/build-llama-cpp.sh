@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build llama-cpp-python 0.3.36 from its source on PyPI into .venv, with one patch
-# (patches/llama-cpp-row-independent-attention.patch): every attention row takes the same path
-# whatever the batch, so a row of a verify pass equals the row of a one-token pass bit for bit.
+# (patches/llama-cpp-row-independent-attention.patch): no KV split for a lone query row in flash
+# attention, so a row of a one-token pass equals the same row of a verify pass bit for bit.
 # Build flags work on any x86-64 CPU with AVX2, Intel or AMD: no -march=native (the build must not
 # depend on the machine that built it) and no AMX (a default build crashed in its AMX kernel on an
 # Intel Xeon). Skipped when this exact build is already installed. About 7 minutes on 2 cores.

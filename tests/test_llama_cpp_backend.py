@@ -75,11 +75,11 @@ def test_logits_match_the_native_int4_backend(decoder, backend):
 @pytest.mark.parametrize("context", [40, 600])  # 600: past 512 cells, where a stock build splits a lone row's KV
 def test_rows_do_not_depend_on_the_pass(backend, context):
     generator = torch.Generator().manual_seed(context)
-    prefix, new = random_tokens(generator, context), random_tokens(generator, 12)
+    prefix, new = random_tokens(generator, context), random_tokens(generator, 70)
     one_by_one = rows(backend, prefix, new)
     cache = backend.new_cache()
     backend.forward([SeqPass(cache, prefix, logits="none")])
-    for n in (2, 3, 5, 8, 12):
+    for n in (2, 3, 5, 8, 12, 70):  # 70: past the 64 rows where ggml tiles attention (decoded in parts)
         cache.truncate(context)
         together = backend.forward([SeqPass(cache, new[:n])])[0].logits
         assert torch.equal(together, one_by_one[:n]), f"rows of a {n}-token pass differ: is the build patched?"
@@ -99,7 +99,9 @@ def test_rollback_equals_a_fresh_prefill(backend):
 
 def test_tree_rows_equal_chain_passes_and_a_kept_branch_stays_exact(decoder, backend):
     text = decoder.encode(PROMPTS[1])  # real text: random ids make activations chaotic
-    prefix, tokens, after_branch = text[:-12], text[-12:-5], text[-5:-4]
+    # A prefix under 64 tokens: a longer prompt takes llama.cpp's tiled path, whose sums depend on
+    # where its cells sit, and the references below are computed in other cells.
+    prefix, tokens, after_branch = text[:50], text[50:57], text[57:58]
     parents = [-1, -1, 0, 0, 1, 2]  # two children of the root, then a level below each
     mask, offsets = pass_layout(parents, [], None)  # [7, 7] with the root
     cache = backend.new_cache()
@@ -161,11 +163,13 @@ def test_greedy_speculation_equals_plain_decoding(decoder, method):
     sits in cells in position order (a kept tree branch off the first chain is decoded again)."""
     draft = load_model(default_gguf_path()) if method == "draft" else None  # its own llama.cpp context
     speculative = quickdraft.Decoder(decoder.target, draft, method, measure_shapes=False, backend="llama.cpp")
+    passes = tokens = 0
     for prompt in PROMPTS:
         plain = decoder.generate(prompt, max_new_tokens=40)
         fast = speculative.generate(prompt, max_new_tokens=40)
         assert fast.token_ids == plain.token_ids, (method, prompt)
-    assert fast.stats.target_passes < len(fast.token_ids) or method.startswith("prompt-lookup")
+        passes, tokens = passes + fast.stats.target_passes, tokens + len(fast.token_ids)
+    assert passes < tokens or method.startswith("prompt-lookup")  # it accepted drafts
 
 
 def test_bad_settings_are_refused(decoder, tiny_target):

@@ -74,6 +74,12 @@ class _Layout:
     attends: list[frozenset[int]] = field(default_factory=list)  # each pass token's attended pass tokens
 
 
+# ggml's CPU flash attention tiles passes of 64 rows or more (GGML_FA_TILE_Q), which sums in
+# another order than the row-by-row path (and one that depends on where the cells sit): decodes
+# after a sequence's first stay below that.
+ROW_INVARIANT_ROWS = 63
+
+
 class LlamaCppCache:
     """One sequence: its id in the shared pool of cells and its length. Of its entries, the last
     len(pending) have no cells yet (a kept tree branch's tokens, decoded again by the next pass).
@@ -172,8 +178,9 @@ class LlamaCppBackend:
         params.embeddings = False
         # Exactness (docs/llama-cpp.md): flash attention sums each query row over its cells in cell
         # order, one row at a time, in the build setup.sh makes (patches/: no KV split for a lone
-        # row, no Q tiles). So a row does not depend on the pass it is in, and while a sequence's
-        # cells stay in position order (see "pending") its rows equal plain decoding's bit for bit.
+        # row) and in decodes of under 64 rows (ROW_INVARIANT_ROWS). So a row does not depend on
+        # the pass it is in, and while a sequence's cells stay in position order (see "pending")
+        # its rows equal plain decoding's bit for bit.
         params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
         context = lib.llama_init_from_model(model, params)
         if not context:
@@ -228,27 +235,24 @@ class LlamaCppBackend:
         try:
             for p in passes:
                 layouts.append(self._layout(p))
-            self._run(passes, layouts)
+            logits, hidden = self._run(passes, layouts)  # per pass: {batch place: row}
         except BaseException:
             for layout in layouts:
                 for view in layout.views:
                     self._release(view)
             raise
-        results, base = [], 0
-        for p, layout in zip(passes, layouts):
+        results = []
+        for k, (p, layout) in enumerate(zip(passes, layouts)):
             cache, n = p.cache, len(p.tokens)
             cache.pending = []  # decoded now, into cells in order
             cache.start, cache.length = cache.length, cache.length + n
             cache.tokens, cache.slots = list(p.tokens), layout.slots
             cache.views, cache.first_view, cache.attends = layout.views, layout.first_view, layout.attends
-            rows = [base + len(layout.tokens) - n + slot for slot in layout.slots]  # batch index of each token
-            logits = None
-            if p.logits != "none":
-                wanted = rows if p.logits == "all" else rows[-1:]
-                logits = self._rows(self._lib.llama_get_logits_ith, wanted, self.vocab_size)  # [rows, V]
-            states = self._rows(self._lib.llama_get_embeddings_ith, rows, self.hidden_size) if p.hidden else None
-            results.append(PassOutput(logits, states))  # hidden: [n, H]
-            base += len(layout.tokens)
+            places = [len(layout.tokens) - n + slot for slot in layout.slots]  # each token's place in the layout
+            wanted = places if p.logits == "all" else places[-1:] if p.logits == "last" else []
+            rows = torch.from_numpy(np.stack([logits[k][i] for i in wanted])) if wanted else None  # [rows, V]
+            states = torch.from_numpy(np.stack([hidden[k][i] for i in places])) if p.hidden else None  # [n, H]
+            results.append(PassOutput(rows, states))
         return results
 
     def _layout(self, p: SeqPass) -> _Layout:
@@ -300,27 +304,52 @@ class LlamaCppBackend:
                        [False] * len(pending) + [outputs[i] for i in order], slots, views,
                        [row[0] for row in ids], attends)
 
-    def _run(self, passes: list[SeqPass], layouts: list[_Layout]) -> None:
+    def _run(self, passes: list[SeqPass], layouts: list[_Layout]) -> tuple[list[dict], list[dict]]:
+        """Decode every layout: the first pass of each sequence (its prompt, the same pass whatever
+        the method) together in one decode that llama.cpp splits as it likes (its fast tiled path
+        for long prompts); every later pass in decodes of at most ROW_INVARIANT_ROWS tokens, where
+        each attention row takes the row-by-row path. Returns, per pass, its logits rows and
+        hidden rows by place in its layout."""
+        entries = [(k, i) for k, layout in enumerate(layouts) for i in range(len(layout.tokens))]
+        first = [(k, i) for k, i in entries if passes[k].cache.length == 0]
+        later = [(k, i) for k, i in entries if passes[k].cache.length > 0]
+        chunks = ([first] if first else []) + [later[j : j + ROW_INVARIANT_ROWS]
+                                                for j in range(0, len(later), ROW_INVARIANT_ROWS)]
+        logits: list[dict] = [{} for _ in passes]
+        hidden: list[dict] = [{} for _ in passes]
+        try:
+            for chunk in chunks:
+                self._decode(passes, layouts, chunk)
+                for t, (k, i) in enumerate(chunk):
+                    if not layouts[k].outputs[i]:
+                        continue
+                    if passes[k].logits != "none":
+                        logits[k][i] = self._row(self._lib.llama_get_logits_ith, t, self.vocab_size)
+                    if passes[k].hidden:
+                        hidden[k][i] = self._row(self._lib.llama_get_embeddings_ith, t, self.hidden_size)
+        except BaseException:
+            for p in passes:  # cells a failed pass left behind
+                self._remove(p.cache.seq, p.cache.placed)
+            raise
+        return logits, hidden
+
+    def _decode(self, passes: list[SeqPass], layouts: list[_Layout], chunk: list[tuple[int, int]]) -> None:
+        """One llama_decode of these (pass, place) entries, in order."""
         lib = self._lib
-        total = sum(len(layout.tokens) for layout in layouts)
-        width = max(len(row) for layout in layouts for row in layout.ids)
-        batch = self._batch_for(total, width)
-        t = 0
-        for layout in layouts:
-            for token, position, ids, output in zip(layout.tokens, layout.positions, layout.ids, layout.outputs):
-                batch.token[t], batch.pos[t], batch.n_seq_id[t], batch.logits[t] = token, position, len(ids), output
-                for s, seq in enumerate(ids):
-                    batch.seq_id[t][s] = seq
-                t += 1
-        batch.n_tokens = total
-        hidden = any(p.hidden for p in passes)
+        batch = self._batch_for(len(chunk), max(len(layouts[k].ids[i]) for k, i in chunk))
+        for t, (k, i) in enumerate(chunk):
+            layout, ids = layouts[k], layouts[k].ids[i]
+            batch.token[t], batch.pos[t] = layout.tokens[i], layout.positions[i]
+            batch.n_seq_id[t], batch.logits[t] = len(ids), layout.outputs[i]
+            for s, seq in enumerate(ids):
+                batch.seq_id[t][s] = seq
+        batch.n_tokens = len(chunk)
+        hidden = any(passes[k].hidden for k, _ in chunk)
         if hidden != self._embeddings:
             lib.llama_set_embeddings(self._context, hidden)
             self._embeddings = hidden
         code = lib.llama_decode(self._context, batch)
         if code != 0:
-            for p in passes:  # a failed decode may leave some ubatches' cells behind
-                self._remove(p.cache.seq, p.cache.placed)
             what = "no room left in the cache cells" if code == 1 else f"error {code}"
             raise ValueError(f"llama.cpp decode failed: {what}")
 
@@ -336,15 +365,12 @@ class LlamaCppBackend:
             handles.batch_size = size
         return handles.batch
 
-    def _rows(self, read, indices: list[int], width: int) -> torch.Tensor:
-        """The output rows of these batch tokens [len(indices), width] fp32, copied out of llama.cpp."""
-        out = np.empty((len(indices), width), dtype=np.float32)
-        for r, index in enumerate(indices):
-            pointer = read(self._context, index)
-            if not pointer:
-                raise RuntimeError(f"llama.cpp returned no output row for batch token {index}")
-            out[r] = np.ctypeslib.as_array(pointer, shape=(width,))
-        return torch.from_numpy(out)
+    def _row(self, read, index: int, width: int) -> np.ndarray:
+        """The output row [width] fp32 of the last decode's batch token `index`, copied out of llama.cpp."""
+        pointer = read(self._context, index)
+        if not pointer:
+            raise RuntimeError(f"llama.cpp returned no output row for batch token {index}")
+        return np.ctypeslib.as_array(pointer, shape=(width,)).copy()
 
 
 def _chain_first(attends: list[frozenset[int]]) -> list[int]:
