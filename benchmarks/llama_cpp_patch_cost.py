@@ -39,7 +39,9 @@ def worker(prompts: int, tokens: int, threads: int) -> None:
     llm = llama_cpp.Llama(model_path=str(default_gguf_path()), n_ctx=4096, n_threads=threads, verbose=False)
     rates = {}
     for index, text in enumerate(_prompts(prompts)):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                             tokenize=False)
+        ids = list(tokenizer(chat, add_special_tokens=False)["input_ids"])
         llm.reset()
         count, start = 0, time.perf_counter()
         for _ in llm.generate(ids, temp=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
