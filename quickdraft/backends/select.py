@@ -103,7 +103,7 @@ def resolve_kind(loaded: LoadedModel, kind: str, precision: str | None, device: 
 
 def _llama_cpp_faster(loaded: LoadedModel, device: torch.device, cache_dir: str | os.PathLike | None) -> bool:
     """Whether llama.cpp's one-token pass beats the native backend's at its default precision here."""
-    folder = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "pass_shapes"
+    folder = _shapes_folder(cache_dir)
 
     def compare() -> bool:
         fast = make_backend(loaded, LLAMA_CPP, GGUF, str(device), cache_dir=cache_dir).pass_ms[1]
@@ -137,17 +137,17 @@ def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32
     key = ("native" if native else "hf", precision, str(device), tuple(layers) if layers else None, measure)
     if key in loaded.backends:
         return loaded.backends[key]
-    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    folder = _shapes_folder(cache_dir)
     if layers is not None:  # a layer subset shares the whole model's weights and measured shapes
         whole = make_backend(loaded, kind, precision, str(device), None, measure, cache_dir)
     if native:
         if layers is not None:
             backend = NativeBackend(whole.weights, loaded.name, loaded.tokenizer, loaded.eos_ids, layers, whole.plan)
         else:
-            weights = native_weights(loaded, precision, device, folder / "pass_shapes" if measure else None)
+            weights = native_weights(loaded, precision, device, folder if measure else None)
             backend = NativeBackend(weights, loaded.name, loaded.tokenizer, loaded.eos_ids)
             if measure:
-                backend.plan = measure_row_plan(weights, folder / "pass_shapes")
+                backend.plan = measure_row_plan(weights, folder)
     else:
         if precision != "fp32":
             raise QuickdraftError(f"precision {precision} needs the native backend, which does not support "
@@ -161,7 +161,7 @@ def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32
         else:
             backend = HFBackend(loaded.model, loaded.name, loaded.tokenizer, loaded.eos_ids)
             if measure:
-                backend.plan = measure_pad_plan(backend, folder / "pass_shapes")
+                backend.plan = measure_pad_plan(backend, folder)
     loaded.backends[key] = backend
     return backend
 
@@ -178,10 +178,15 @@ def _llama_cpp_backend(loaded: LoadedModel, device: torch.device, layers: list[i
     if key not in loaded.backends:
         backend = LlamaCppBackend(gguf, loaded.name, loaded.tokenizer, loaded.eos_ids, threads)
         if measure:
-            folder = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "pass_shapes"
-            backend.pass_ms = measure_pass_costs(backend, folder, {"file": file_key(gguf), "threads": threads})
+            backend.pass_ms = measure_pass_costs(backend, _shapes_folder(cache_dir),
+                                                 {"file": file_key(gguf), "threads": threads})
         loaded.backends[key] = backend
     return loaded.backends[key]
+
+
+def _shapes_folder(cache_dir: str | os.PathLike | None) -> Path:
+    """Where measured pass shapes and costs are cached."""
+    return (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "pass_shapes"
 
 
 def native_weights(loaded: LoadedModel, precision: str, device: torch.device,
