@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from quickdraft.backends.select import (
     GGUF,
     LLAMA_CPP,
+    STATIC,
     check_precision,
     default_precision,
     make_backend,
@@ -25,6 +26,7 @@ from quickdraft.engine import Generation, prefill
 from quickdraft.errors import QuickdraftError
 from quickdraft.methods import MethodConfig, Parts, configure
 from quickdraft.models.loading import LoadedModel, ModelSource, check_same_vocabulary, load_model
+from quickdraft.models.native import supports
 from quickdraft.options import MODEL_OPTIONS
 from quickdraft.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
 from quickdraft.stats import Stats, StepRecord
@@ -90,7 +92,7 @@ class Decoder:
         self.device = resolve_device(config.device)
         if config.precision is not None:
             check_precision(config.precision, config.backend)
-        # The backend that runs the target: "llama.cpp", "native" or "hf" (auto resolved here).
+        # The backend that runs the target: "llama.cpp", "static", "native" or "hf" (auto resolved here).
         self.backend_kind = resolve_kind(target, config.backend, config.precision, self.device, measure_shapes,
                                          cache_dir)
         self.precision = GGUF if self.backend_kind == LLAMA_CPP else config.precision or default_precision(self.device)
@@ -101,6 +103,8 @@ class Decoder:
             kind, precision = self.backend_kind, self.precision
             if kind == LLAMA_CPP and loaded.gguf is None:  # a draft model that is not a GGUF file runs natively
                 kind, precision = "auto", default_precision(self.device)
+            if kind == STATIC and not supports(loaded.model):  # a draft model of another architecture
+                kind = "hf"
             return make_backend(loaded, kind, precision, str(self.device), layers, measure_shapes, cache_dir)
 
         self.target_backend = backend_for(target)

@@ -145,10 +145,11 @@ OPTIONS: tuple[Option, ...] = (
            kind=str, default="dynamic", choices=("dynamic", "static"), methods=HEADS),
     Option("full_vocab", "eagle/medusa: draft over the whole vocabulary, not the head's most frequent tokens",
            kind=bool, default=False, methods=HEADS),
-    Option("backend", "auto (llama.cpp for a GGUF target when llama-cpp-python is installed and measured faster "
-           "here; else native for Llama, Mistral, Qwen2; else transformers), native, hf (transformers) or llama.cpp "
-           "(GGUF files on llama.cpp's kernels)", kind=str, default="auto",
-           choices=("auto", "native", "hf", "llama.cpp"), model=True),
+    Option("backend", "auto (on a GPU: static for Llama, Mistral, Qwen2; on a CPU: llama.cpp for a GGUF target "
+           "when llama-cpp-python is installed and measured faster here, else native for Llama, Mistral, Qwen2; "
+           "else transformers), native, hf (transformers), llama.cpp (GGUF files on llama.cpp's kernels) or static "
+           "(fixed-shape passes, CUDA graphs on a GPU)", kind=str, default="auto",
+           choices=("auto", "native", "hf", "llama.cpp", "static"), model=True),
     Option("precision", "fp32, bf16, int8 (per-channel weights) or int4 (groups of 32; a GGUF's own 4-bit "
            "blocks) on the native backend; gguf: the GGUF file's own types (the llama.cpp backend); default "
            "fp32 on a CPU, bf16 on a GPU", kind=str, choices=("fp32", "bf16", "int8", "int4", "gguf"),

@@ -7,6 +7,7 @@ import torch
 from quickdraft.backends.base import Backend, SeqPass
 from quickdraft.backends.hf import HFBackend
 from quickdraft.backends.native import NativeBackend
+from quickdraft.backends.static import StaticBackend
 from quickdraft.models.native import NativeWeights
 
 
@@ -47,6 +48,12 @@ def native(model, precision: str = "fp32", layers: list[int] | None = None, weig
     """A sequence on the native backend over `model` (or over shared `weights`)."""
     weights = weights if weights is not None else NativeWeights.from_model(model, precision, **options)
     return Seq(NativeBackend(weights, "test", layers=layers))
+
+
+def static(model, precision: str = "fp32", rows: int = 8, layers: list[int] | None = None, **options) -> Seq:
+    """A sequence on the static backend (fixed shapes; the CPU dry run of its CUDA graphs) over `model`."""
+    weights = NativeWeights.from_model(model, precision, dense_kernel="linear")
+    return Seq(StaticBackend(weights, "test", layers=layers, rows=rows, **options))
 
 
 def hf(model, **options) -> Seq:

@@ -19,10 +19,10 @@ from quickdraft.models.native import NativeWeights
 from quickdraft.sampling import SamplingParams
 
 from conftest import loaded, tiny_llama
-from seq_util import Seq, hf, native
+from seq_util import Seq, hf, native, static
 
 
-@pytest.mark.parametrize("make", [hf, native], ids=["hf", "native"])
+@pytest.mark.parametrize("make", [hf, native, static], ids=["hf", "native", "static"])
 def test_truncate_then_forward_equals_fresh_forward(tiny_target, make):
     tokens = [3, 1, 4, 1, 5, 9, 2, 6]
     seq = make(tiny_target)
@@ -38,7 +38,7 @@ def test_truncate_then_forward_equals_fresh_forward(tiny_target, make):
     assert torch.allclose(after_rollback, full, atol=1e-4)
 
 
-@pytest.mark.parametrize("make", [hf, native], ids=["hf", "native"])
+@pytest.mark.parametrize("make", [hf, native, static], ids=["hf", "native", "static"])
 def test_logit_rows_and_length_bookkeeping(tiny_target, make):
     seq = make(tiny_target)
     last = seq.forward([1, 2, 3, 4], all_logits=False)
@@ -52,7 +52,7 @@ def test_logit_rows_and_length_bookkeeping(tiny_target, make):
     assert seq.length == 0
 
 
-@pytest.mark.parametrize("make", [hf, native], ids=["hf", "native"])
+@pytest.mark.parametrize("make", [hf, native, static], ids=["hf", "native", "static"])
 def test_a_pass_past_the_context_length_is_refused_and_changes_nothing(tiny_target, make):
     seq = make(tiny_target)
     seq.forward([1, 2])

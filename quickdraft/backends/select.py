@@ -11,6 +11,7 @@ from quickdraft.backends.base import Backend
 from quickdraft.backends.hf import HFBackend
 from quickdraft.backends.llama_cpp import LlamaCppBackend, llama_cpp_installed
 from quickdraft.backends.native import NativeBackend
+from quickdraft.backends.static import StaticBackend
 from quickdraft.backends.shapes import (
     cached_choice,
     measure_dense_kernel,
@@ -27,7 +28,10 @@ from quickdraft.models.precision import PRECISIONS, get_precision
 
 LLAMA_CPP = "llama.cpp"
 GGUF = "gguf"  # the llama.cpp backend's precision: the GGUF file's own tensor types
-BACKENDS = ("auto", "native", "hf", LLAMA_CPP)
+STATIC = "static"
+BACKENDS = ("auto", "native", "hf", LLAMA_CPP, STATIC)
+STATIC_ROWS = 64  # rows of every static pass: EAGLE-2's 60-node trees fit, and on a GPU 64 rows cost what 1 does
+STATIC_GRID = (1, 2, 4, 8, 16, 32, 64)  # pass sizes timed on the static backend (its tree budget comes from them)
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -65,6 +69,8 @@ def check_precision(precision: str, kind: str) -> None:
                               f"needs the native backend")
     if precision != "fp32" and kind == "hf":
         raise QuickdraftError(f"precision {precision} needs the native backend (backend='auto' or 'native')")
+    if precision not in ("fp32", "bf16") and kind == STATIC:
+        raise QuickdraftError(f"the static backend runs dense weights (fp32 or bf16), not {precision}")
 
 
 def check_llama_cpp(loaded: LoadedModel, device: torch.device) -> Path:
@@ -81,12 +87,21 @@ def check_llama_cpp(loaded: LoadedModel, device: torch.device) -> Path:
 
 def resolve_kind(loaded: LoadedModel, kind: str, precision: str | None, device: str | torch.device,
                  measure: bool = True, cache_dir: str | os.PathLike | None = None) -> str:
-    """Which backend runs `loaded`: "llama.cpp", "native" or "hf". auto: llama.cpp for a GGUF target
-    when llama-cpp-python is installed, no native precision was asked for, the device is the CPU and
-    a one-token pass measured faster there than on the native backend (measured once per machine and
-    file, cached); else native where the architecture is supported; else hf."""
+    """Which backend runs `loaded`: "llama.cpp", "static", "native" or "hf". auto: on a CUDA device,
+    static (fixed shapes, CUDA graphs) where the architecture is supported and the precision dense;
+    llama.cpp for a GGUF target when llama-cpp-python is installed, no native precision was asked
+    for, the device is the CPU and a one-token pass measured faster there than on the native backend
+    (measured once per machine and file, cached); else native where the architecture is supported;
+    else hf."""
     check_backend_kind(kind)
     device = resolve_device(device)
+    if kind == STATIC or (kind == "auto" and device.type == "cuda" and supports(loaded.model)
+                          and precision in (None, "fp32", "bf16")):
+        check_precision(precision or default_precision(device), STATIC)
+        if not supports(loaded.model):
+            raise QuickdraftError(f"the static backend supports {', '.join(SUPPORTED_ARCHITECTURES)}; "
+                                  f"{loaded.name!r} is {loaded.model.config.model_type!r}")
+        return STATIC
     if kind == LLAMA_CPP or precision == GGUF:
         check_precision(precision or GGUF, kind)
         check_llama_cpp(loaded, device)
@@ -133,6 +148,8 @@ def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32
     device = resolve_device(device)
     if kind == LLAMA_CPP or precision == GGUF:
         return _llama_cpp_backend(loaded, device, layers, measure, cache_dir)
+    if kind == STATIC:
+        return _static_backend(loaded, precision, device, layers, measure, cache_dir)
     native = uses_native(loaded, kind)
     key = ("native" if native else "hf", precision, str(device), tuple(layers) if layers else None, measure)
     if key in loaded.backends:
@@ -184,17 +201,31 @@ def _llama_cpp_backend(loaded: LoadedModel, device: torch.device, layers: list[i
     return loaded.backends[key]
 
 
+def _static_backend(loaded: LoadedModel, precision: str, device: torch.device, layers: list[int] | None,
+                    measure: bool, cache_dir: str | os.PathLike | None) -> Backend:
+    """Fixed-shape passes (CUDA graphs on a GPU) over dense weights shared with any layer subset;
+    measure: time its passes of STATIC_GRID tokens (the cost model and the tree budget read them)."""
+    key = (STATIC, precision, str(device), tuple(layers) if layers else None, measure)
+    if key not in loaded.backends:
+        weights = native_weights(loaded, precision, device, dense="linear")
+        backend = StaticBackend(weights, loaded.name, loaded.tokenizer, loaded.eos_ids, layers, rows=STATIC_ROWS)
+        if measure:
+            backend.pass_ms = measure_pass_costs(backend, _shapes_folder(cache_dir),
+                                                 {"rows": STATIC_ROWS, "layers": layers}, grid=STATIC_GRID)
+        loaded.backends[key] = backend
+    return loaded.backends[key]
+
+
 def _shapes_folder(cache_dir: str | os.PathLike | None) -> Path:
     """Where measured pass shapes and costs are cached."""
     return (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "pass_shapes"
 
 
 def native_weights(loaded: LoadedModel, precision: str, device: torch.device,
-                   shapes: Path | None = None) -> NativeWeights:
+                   shapes: Path | None = None, dense: str = "bf16") -> NativeWeights:
     """Weights at `precision` on `device`, extracted once; int4 from a GGUF file takes the file's own
     4-bit blocks. shapes: where measured kernel choices live (bf16 on a CPU: multiplied as bf16 or
-    widened to fp32, whichever this machine does faster); None: bf16 as it is."""
-    dense = "bf16"
+    widened to fp32, whichever this machine does faster); None: `dense` (see NativeWeights.from_model)."""
     if shapes is not None and precision == "bf16" and device.type == "cpu":
         dense = measure_dense_kernel(loaded.model, shapes)
     key = (precision, str(device), dense)
@@ -207,5 +238,5 @@ def native_weights(loaded: LoadedModel, precision: str, device: torch.device,
     return loaded.native[key]
 
 
-__all__ = ["BACKENDS", "DEVICES", "GGUF", "LLAMA_CPP", "PRECISIONS", "check_backend_kind", "check_precision",
+__all__ = ["BACKENDS", "DEVICES", "GGUF", "LLAMA_CPP", "PRECISIONS", "STATIC", "check_backend_kind", "check_precision",
            "default_precision", "make_backend", "native_weights", "resolve_device", "resolve_kind", "uses_native"]

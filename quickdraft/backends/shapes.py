@@ -71,8 +71,12 @@ def fastest_at_or_above(costs: dict[tuple, float], grid: tuple[int, ...]) -> dic
 
 
 def _ms(run: Callable[[], object]) -> float:
+    """Wall milliseconds of run(), GPU work included (a GPU runs queued work after the call returns)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
+    sync()
     start = time.perf_counter()
     run()
+    sync()
     return 1000 * (time.perf_counter() - start)
 
 
@@ -180,15 +184,15 @@ COST_CONTEXT = 128  # cached tokens before the timed pass: a typical prompt
 
 
 def measure_pass_costs(backend, folder: Path | None, signature: dict | None = None,
-                       progress: bool = True) -> dict[int, float]:
+                       progress: bool = True, grid: tuple[int, ...] = COST_GRID) -> dict[int, float]:
     """Milliseconds of one whole pass of n tokens (all logits) after COST_CONTEXT cached ones, for n
-    in COST_GRID: the median of REPEATS interleaved rounds. What verification costs on this backend
-    here, for the cost model's prior and for choosing a backend; cached per machine."""
+    in `grid`: the median of REPEATS interleaved rounds. What verification costs on this backend
+    here, for the cost model's prior, the tree budget and choosing a backend; cached per machine."""
     from quickdraft.backends.base import SeqPass
 
     signature = {"backend": type(backend).__name__, "name": backend.name,
                  "precision": getattr(backend, "precision", None), "device": str(backend.device),
-                 "grid": COST_GRID, "context": COST_CONTEXT, **(signature or {})}
+                 "grid": grid, "context": COST_CONTEXT, **(signature or {})}
 
     def measure() -> dict[int, float]:
         context = [(7 + 13 * i) % backend.vocab_size for i in range(COST_CONTEXT)]
@@ -199,11 +203,11 @@ def measure_pass_costs(backend, folder: Path | None, signature: dict | None = No
             backend.forward([SeqPass(cache, context[:rows])])
             cache.truncate(COST_CONTEXT)
 
-        costs: dict[int, list[float]] = {rows: [] for rows in COST_GRID}
+        costs: dict[int, list[float]] = {rows: [] for rows in grid}
         run(1)  # warm-up
         for _ in tqdm(range(REPEATS), desc=f"quickdraft: timing {backend.name} passes (once)", unit="round",
                       disable=not progress, file=sys.stderr):
-            for rows in COST_GRID:
+            for rows in grid:
                 costs[rows].append(_ms(lambda: run(rows)))
         return {rows: statistics.median(t) for rows, t in costs.items()}
 

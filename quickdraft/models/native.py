@@ -66,7 +66,8 @@ class NativeWeights:
         `int4_blocks`: a GGUF file's own 4-bit blocks by parameter name, used as they are.
         `device`: where every weight lives (int8/int4 kernels: CPU only).
         `dense_kernel` (bf16 only): "fp32" multiplies the bf16 weights as fp32 numbers, for CPUs
-        without bf16 arithmetic (backends/shapes.py measures which is faster)."""
+        without bf16 arithmetic (backends/shapes.py measures which is faster); "linear" (any dense
+        precision): plain F.linear, as the static backend's fixed shapes want."""
         config = model.config
         if not supports(model):
             raise QuickdraftError(f"the native backend supports {', '.join(SUPPORTED_ARCHITECTURES)}, "
@@ -86,8 +87,8 @@ class NativeWeights:
 
         def dense(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
             # bf16: row-invariant, so greedy speculation stays exact; fp32 differs only in rounding.
-            if dtype == torch.float32:
-                return PackedLinear(weight, bias, pack)
+            if dtype == torch.float32 or dense_kernel == "linear":
+                return PackedLinear(weight, bias, pack and dense_kernel != "linear")
             return ColumnLinear(weight.float() if dense_kernel == "fp32" else weight, bias)
 
         def linear(modules: list[torch.nn.Module], requantize_as: str = precision.weights) -> Linear:

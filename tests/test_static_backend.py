@@ -1,0 +1,178 @@
+"""The static backend (fixed-shape passes; CUDA graphs on a GPU), run here without graphs: the same
+code path a GPU replays. A token's bits do not depend on the pass that computes it, so every
+drafter's greedy output equals plain decoding's, and sampling follows the target."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from quickdraft import Decoder
+from quickdraft.backends.base import SeqPass
+from quickdraft.backends.static import StaticBackend
+from quickdraft.errors import QuickdraftError
+from quickdraft.models.native import NativeWeights
+from quickdraft.sampling import SamplingParams
+
+from conftest import loaded, tiny_llama
+from seq_util import Seq, native, static
+from stats_util import chi_square_p_value
+from test_engine import PROMPTS, exact_joint, sampled_joint
+
+ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_passes_in_parts_equal_native_and_transformers(tiny_target, rows):
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8]
+    logits = static(tiny_target, rows=rows).forward(tokens)  # [19, V]: parts of `rows`
+    with torch.no_grad():
+        full = tiny_target(torch.tensor([tokens])).logits[0]
+    assert torch.allclose(logits, native(tiny_target).forward(tokens), atol=1e-5)
+    assert torch.allclose(logits, full, atol=1e-4)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_token_gets_the_same_bits_in_any_pass(tiny_target, precision):
+    """One token at a time, a verify pass of 7, a rollback and the pass again: the same bits."""
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9]
+    one = static(tiny_target, precision)
+    rows = torch.cat([one.forward([t]) for t in tokens])  # [13, V]
+    many = static(tiny_target, precision)
+    many.forward(tokens[:6])
+    verify = many.forward(tokens[6:])  # [7, V]
+    assert torch.equal(verify, rows[6:])
+    many.forward([7, 7, 7])  # drafts, rejected
+    many.truncate(len(tokens))
+    assert torch.equal(many.forward([2]), one.forward([2]))
+
+
+def test_tree_rows_match_chain_rows_and_a_kept_path_moves_to_the_front(tiny_target):
+    """Equal up to rounding, not bit for bit: a tree row reads its ancestors at other slots than a
+    chain does, and the attention sums its keys in slot order (docs/gpu.md)."""
+    prefix = [3, 1, 4, 1, 5]
+    seq = static(tiny_target)
+    seq.forward(prefix)
+    # Root 9 with children 2 and 6; 6 has child 5. Layout: [9, 2, 6, 5].
+    n, start = 4, len(prefix)
+    mask = torch.zeros(n, start + n, dtype=torch.bool)
+    mask[:, :start] = True
+    for row, seen in enumerate([[0], [0, 1], [0, 2], [0, 2, 3]]):
+        mask[row, [start + s for s in seen]] = True
+    tree = seq.forward([9, 2, 6, 5], positions=[5, 6, 6, 7], mask=mask)
+    chain = static(tiny_target)
+    chain.forward(prefix)
+    chain_rows = chain.forward([9, 6, 5])
+    assert torch.allclose(tree[[0, 2, 3]], chain_rows, atol=1e-5)
+    assert torch.equal(tree[0], chain_rows[0])  # the root's row reads what a chain's does
+    seq.keep([*range(start), start, start + 2, start + 3])  # the path 9 -> 6 -> 5
+    assert seq.length == start + 3
+    assert torch.allclose(seq.forward([1]), chain.forward([1]), atol=1e-5)
+
+
+def test_batched_sequences_of_different_lengths_equal_each_alone(tiny_target):
+    backend = static(tiny_target, rows=4).backend
+    a, b = backend.new_cache(), backend.new_cache()
+    outs = backend.forward([SeqPass(a, [1, 2, 3, 4, 5, 6]), SeqPass(b, [7, 8], logits="last", hidden=True)])
+    alone_a, alone_b = static(tiny_target, rows=4), static(tiny_target, rows=4)
+    assert torch.allclose(outs[0].logits, alone_a.forward([1, 2, 3, 4, 5, 6]), atol=1e-5)
+    assert torch.allclose(outs[1].logits, alone_b.forward([7, 8], all_logits=False), atol=1e-5)
+    assert outs[1].hidden.shape == (2, backend.hidden_size) and outs[0].hidden is None
+    assert (a.length, b.length) == (6, 2)
+
+
+def test_the_pool_grows_keeps_every_sequence_and_takes_slots_back(tiny_target):
+    backend = static(tiny_target).backend
+    first = Seq(backend)
+    reference = first.forward([1, 2, 3])
+    others = [Seq(backend) for _ in range(4)]  # more than the 2 slots it starts with
+    assert backend.slots >= 5 and len({s.cache.slot for s in [first, *others]}) == 5
+    for seq in others:
+        seq.forward([4, 5])
+    assert torch.equal(first.forward([4]), static(tiny_target).forward([1, 2, 3, 4])[-1:])
+    assert reference.shape == (3, backend.vocab_size)
+    free = len(backend._free)
+    del others, seq
+    gc.collect()
+    assert len(backend._free) == free + 4
+
+
+def test_bad_passes_are_refused_and_change_nothing(tiny_target):
+    seq = static(tiny_target)
+    seq.forward([1, 2])
+    with pytest.raises(ValueError, match="context length"):
+        seq.forward(list(range(seq.max_length)))
+    other = static(tiny_target).backend.new_cache()
+    with pytest.raises(ValueError, match="another backend"):
+        seq.backend.forward([SeqPass(other, [1])])
+    assert seq.length == 2
+    with pytest.raises(ValueError, match="rows and slots"):
+        StaticBackend(NativeWeights.from_model(tiny_target, "fp32", dense_kernel="linear"), "t", rows=0)
+    with pytest.raises(ValueError, match="CUDA"):  # graphs of a CPU model
+        StaticBackend(NativeWeights.from_model(tiny_target, "fp32", dense_kernel="linear"), "t", graphs=True)
+
+
+def test_the_decoder_takes_the_static_backend_and_refuses_what_it_cannot_run(tiny_target):
+    decoder = Decoder(loaded(tiny_target, "t"), None, "none", backend="static", measure_shapes=False)
+    assert decoder.backend_kind == "static" and decoder.precision == "fp32"
+    assert isinstance(decoder.target_backend, StaticBackend)
+    with pytest.raises(QuickdraftError, match="dense weights"):
+        Decoder(loaded(tiny_target, "t"), None, "none", backend="static", precision="int4")
+
+
+def static_decoder(target, draft, method: str, k: int | None = None, precision: str = "fp32") -> Decoder:
+    options = {"layers": 1} if method == "self-spec" else {}
+    if method != "none":
+        options["draft_length"] = "fixed"
+    return Decoder(loaded(target, "target"), loaded(draft, "draft") if method == "draft" else None, method, k,
+                   backend="static", precision=precision, measure_shapes=False, **options)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("method", ["draft", "prompt-lookup", "self-spec"])
+def test_greedy_chain_speculation_equals_plain_greedy(tiny_target, tiny_draft, method, precision):
+    plain = static_decoder(tiny_target, None, "none", precision=precision)
+    accepted = 0
+    for k in (1, 4):
+        spec = static_decoder(tiny_target, tiny_draft, method, k, precision)
+        for prompt in PROMPTS:
+            out = spec.generate(prompt, max_new_tokens=37)
+            assert out.token_ids == plain.generate(prompt, max_new_tokens=37).token_ids, (method, k, prompt)
+            accepted += out.stats.accepted_tokens
+    assert accepted > 0
+
+
+@pytest.mark.parametrize("method,k,params", [("draft", 3, SamplingParams(temperature=1.0, top_p=0.9)),
+                                             ("lookahead", 2, SamplingParams(temperature=0.8, top_k=5))])
+def test_sampled_output_follows_target_distribution(small_target, small_draft, method, k, params):
+    prompt = [1, 2, 3, 1, 2, 3, 1]
+    decoder = static_decoder(small_target, small_draft, method, k)
+    assert chi_square_p_value(sampled_joint(decoder, prompt, params, k), exact_joint(small_target, prompt, params)) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def small_target():
+    return tiny_llama(seed=3, vocab=8, init_range=0.25)
+
+
+@pytest.fixture(scope="module")
+def small_draft(small_target):
+    from conftest import perturbed_copy
+
+    return perturbed_copy(small_target, noise=0.06, seed=4)
+
+
+@ON_CUDA
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cuda_graph_replays_equal_the_eager_passes(tiny_target, precision):
+    model = tiny_llama(seed=1, max_positions=256).to("cuda")
+    weights = NativeWeights.from_model(model, precision, device="cuda", dense_kernel="linear")
+    graphed = Seq(StaticBackend(weights, "t", rows=8, graphs=True))
+    eager = Seq(StaticBackend(weights, "t", rows=8, graphs=False))
+    for tokens in ([3, 1, 4, 1, 5, 9, 2, 6, 5, 3], [5], [8, 9, 7]):
+        assert torch.equal(graphed.forward(tokens), eager.forward(tokens))
+    graphed.truncate(4)
+    eager.truncate(4)
+    assert torch.equal(graphed.forward([2, 2]), eager.forward([2, 2]))
