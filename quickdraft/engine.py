@@ -50,6 +50,7 @@ class PassPlan:
     parents: list[int]  # the draft as a tree (a chain is the tree with one child per node)
     draft_time: float
     verify_time: float = 0.0  # the target pass that scored it
+    kept: list[int] | None = None  # each verified node's index in the drafter's own draft (None: the same)
 
 
 class Generation:
@@ -131,6 +132,10 @@ class Generation:
         """The target pass that verifies `draft`: inputs, positions and mask."""
         draft = draft.fitted(room)
         root = len(self.tokens) - 1  # the newest token: its position and its cache slot
+        kept = None
+        window = getattr(self.target, "tree_window", None)  # optional: see Backend.tree_window
+        if window and not draft.is_chain:  # a tree's nodes stay below the next multiple of the window
+            draft, kept = draft.within_depth(window - 1 - root % window)
         inputs = [self.tokens[-1], *draft.tokens, *draft.aux_tokens]
         parents = draft.parents if draft.parents is not None else chain_parents(len(draft.tokens))
         if draft.is_chain:  # the backend's causal default
@@ -139,7 +144,7 @@ class Generation:
         device = self.target.device
         cached = torch.ones(len(inputs), self.cache.length, dtype=torch.bool, device=device)  # the prefix
         return PassPlan(k, root, draft, inputs, [root + o for o in offsets],
-                        torch.cat([cached, mask.to(device)], dim=1), parents, draft_time)
+                        torch.cat([cached, mask.to(device)], dim=1), parents, draft_time, kept=kept)
 
     def complete(self, plan: PassPlan, output: PassOutput) -> StepRecord:
         """Verify the draft with the target's logits [n, V] for plan.inputs; accept, roll back, emit."""
@@ -159,7 +164,8 @@ class Generation:
             rows = [0, *(1 + i for i in verdict.path)]  # where the target predicted each emitted token
             hidden = output.hidden[rows] if output.hidden is not None else None
             aux = output.logits[m + 1 :] if draft.aux_tokens else None
-            self.drafter.update(self.draft_state, StepOutcome(self.tokens, verdict.path, hidden, aux))
+            path = verdict.path if plan.kept is None else [plan.kept[i] for i in verdict.path]  # the drafter's indices
+            self.drafter.update(self.draft_state, StepOutcome(self.tokens, path, hidden, aux))
         else:
             self.cache.truncate(0)  # finished: free its entries now (a pooled backend hands them to the next)
         record = StepRecord(

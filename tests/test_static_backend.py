@@ -11,7 +11,10 @@ import torch
 
 from quickdraft import Decoder
 from quickdraft.backends.base import SeqPass
-from quickdraft.backends.static import StaticBackend
+from quickdraft.backends.static import StaticBackend, window_keys
+from quickdraft.draft_length import FixedK
+from quickdraft.drafters.base import Draft, NoDrafter
+from quickdraft.engine import Generation
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.native import NativeWeights
 from quickdraft.sampling import SamplingParams
@@ -49,9 +52,9 @@ def test_a_token_gets_the_same_bits_in_any_pass(tiny_target, precision):
     assert torch.equal(many.forward([2]), one.forward([2]))
 
 
-def test_tree_rows_match_chain_rows_and_a_kept_path_moves_to_the_front(tiny_target):
-    """Equal up to rounding, not bit for bit: a tree row reads its ancestors at other slots than a
-    chain does, and the attention sums its keys in slot order (docs/gpu.md)."""
+def test_tree_rows_equal_chain_rows_and_a_kept_path_moves_to_the_front(tiny_target):
+    """Bit for bit: a tree row reads its ancestors (which sit after their siblings) as near keys,
+    gathered in path order, as the chain's row reads the same tokens."""
     prefix = [3, 1, 4, 1, 5]
     seq = static(tiny_target)
     seq.forward(prefix)
@@ -65,11 +68,37 @@ def test_tree_rows_match_chain_rows_and_a_kept_path_moves_to_the_front(tiny_targ
     chain = static(tiny_target)
     chain.forward(prefix)
     chain_rows = chain.forward([9, 6, 5])
-    assert torch.allclose(tree[[0, 2, 3]], chain_rows, atol=1e-5)
-    assert torch.equal(tree[0], chain_rows[0])  # the root's row reads what a chain's does
+    assert torch.equal(tree[[0, 2, 3]], chain_rows)
     seq.keep([*range(start), start, start + 2, start + 3])  # the path 9 -> 6 -> 5
     assert seq.length == start + 3
-    assert torch.allclose(seq.forward([1]), chain.forward([1]), atol=1e-5)
+    assert torch.equal(seq.forward([1]), chain.forward([1]))
+
+
+def test_window_keys_split_each_row_into_far_and_near_keys():
+    # Row 0: causal at entry 5 with its split at 4 -> far 0..3, near [4, 5].
+    # Row 1: a tree row seeing 0..5 and 8 (its ancestor sits at 8) -> far 0..3, near [4, 5, 8].
+    # Row 2: more than W = 3 entries after its split -> the last 3 are near, the rest far.
+    visible = torch.zeros(3, 10, dtype=torch.bool)
+    visible[0, :6] = True
+    visible[1, :6] = visible[1, 8] = True
+    visible[2, :9] = True
+    far, near, near_visible = window_keys(visible, torch.tensor([4, 4, 2]), 3)
+    assert far[0].nonzero().flatten().tolist() == [0, 1, 2, 3]
+    assert near[0].tolist()[:2] == [4, 5] and near_visible[0].tolist() == [True, True, False]
+    assert far[1].nonzero().flatten().tolist() == [0, 1, 2, 3]
+    assert near[1].tolist() == [4, 5, 8] and near_visible[1].all()
+    assert far[2].nonzero().flatten().tolist() == [0, 1, 2, 3, 4, 5]
+    assert near[2].tolist() == [6, 7, 8] and near_visible[2].all()
+
+
+def test_a_tree_is_cut_below_the_window_and_keeps_the_drafters_indices():
+    # Root's children 0 and 1; 2 under 0; 3 under 2; 4 under 1. Depth limit 2 drops node 3.
+    draft = Draft([10, 11, 12, 13, 14], None, [-1, -1, 0, 2, 1])
+    cut, kept = draft.within_depth(2)
+    assert kept == [0, 1, 2, 4] and cut.tokens == [10, 11, 12, 14] and cut.parents == [-1, -1, 0, 1]
+    assert draft.within_depth(3) == (draft, None)
+    chain, kept = Draft([1, 2, 3], torch.rand(3, 5)).within_depth(1)
+    assert chain.tokens == [1] and chain.probs.shape == (1, 5) and kept == [0]
 
 
 def test_batched_sequences_of_different_lengths_equal_each_alone(tiny_target):
@@ -131,15 +160,16 @@ def static_decoder(target, draft, method: str, k: int | None = None, precision: 
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("method", ["draft", "prompt-lookup", "self-spec"])
-def test_greedy_chain_speculation_equals_plain_greedy(tiny_target, tiny_draft, method, precision):
+@pytest.mark.parametrize("method", ["draft", "prompt-lookup", "self-spec", "lookahead"])
+def test_greedy_speculation_equals_plain_greedy(tiny_target, tiny_draft, method, precision):
     plain = static_decoder(tiny_target, None, "none", precision=precision)
     accepted = 0
     for k in (1, 4):
         spec = static_decoder(tiny_target, tiny_draft, method, k, precision)
         for prompt in PROMPTS:
-            out = spec.generate(prompt, max_new_tokens=37)
-            assert out.token_ids == plain.generate(prompt, max_new_tokens=37).token_ids, (method, k, prompt)
+            # 90 tokens: passes cross the window (64) and the tiny model's 2 x 64 key blocks.
+            out = spec.generate(prompt, max_new_tokens=90)
+            assert out.token_ids == plain.generate(prompt, max_new_tokens=90).token_ids, (method, k, prompt)
             accepted += out.stats.accepted_tokens
     assert accepted > 0
 
@@ -176,3 +206,15 @@ def test_cuda_graph_replays_equal_the_eager_passes(tiny_target, precision):
     graphed.truncate(4)
     eager.truncate(4)
     assert torch.equal(graphed.forward([2, 2]), eager.forward([2, 2]))
+
+
+def test_the_engine_cuts_a_tree_at_the_backends_window(tiny_target):
+    """Root at position 6 of a window of 8: tree nodes may reach depth 1 only (position 7)."""
+    backend = static(tiny_target, rows=8).backend
+    generation = Generation(backend, NoDrafter(), list(range(1, 8)), draft_length=FixedK(3), max_new_tokens=10,
+                            sampling=SamplingParams(), generator=torch.Generator())
+    tree = Draft([10, 11, 12, 13], None, [-1, -1, 0, 2])
+    plan = generation.lay_out(3, 100, tree, 0.0)
+    assert plan.draft.tokens == [10, 11] and plan.kept == [0, 1] and plan.positions == [6, 7, 7]
+    chain = generation.lay_out(3, 100, Draft([10, 11, 12]), 0.0)  # chains cross freely: exact either way
+    assert chain.draft.tokens == [10, 11, 12] and chain.kept is None

@@ -70,6 +70,9 @@ class Backend(Protocol):
     # Optional: measured milliseconds of a pass of n tokens (shapes.measure_pass_costs); the cost
     # model starts from it. Absent or None: the cost model starts from a generic prior.
     pass_ms: dict[int, float] | None
+    # Optional: W where a backend's tree rows are exact only below the next multiple of W past the
+    # root (backends/static.py); the engine cuts deeper tree nodes. Absent or None: no limit.
+    tree_window: int | None
 
     def new_cache(self) -> Cache: ...
 

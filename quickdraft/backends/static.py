@@ -6,9 +6,14 @@ Why: on a GPU a small batch's pass is bound by kernel launches and weight reads,
 change with the number of rows beside it, and exact greedy speculation needs a verify row to equal
 the plain decoding row. So here every pass has one shape: `rows` rows per sequence (a decode
 step's one token and a verify pass's K + 1 alike, padded; longer passes in parts of `rows`) and
-attention over the same `context` keys (those a row may not see are masked to weigh exactly 0).
-A token's arithmetic is then the same whichever pass computes it, on any device: the CPU runs the
-same code without graphs (the dry run the tests use).
+attention over the same keys, laid out by the row's own position P alone (see window_keys):
+the "far" keys, positions below W * floor(P / W), read where they sit in the cache, and the "near"
+keys, the row's own path from there to itself, gathered in order into a window of W. A tree row
+then sums exactly the terms, in exactly the places, that the same token's one-token pass sums.
+A token's arithmetic is the same whichever pass computes it, on any device: the CPU runs the same
+code without graphs (the dry run the tests use). One condition: a tree must not reach past the
+next multiple of W (tree_window; the engine cuts deeper nodes), where its nodes would be far keys
+that sit elsewhere than their positions. Chains may: their nodes sit at their positions.
 
 The KV cache is one preallocated pool [layers, slots, context + rows, KV, D] for all sequences:
 a Cache is a slot and a length; padding rows write past the context, where nothing reads. The
@@ -55,7 +60,9 @@ class _Inputs:
     positions: torch.Tensor  # [B, M] long: rotary positions
     slots: torch.Tensor  # [B] long: each row's pool slot
     writes: torch.Tensor  # [B, M] long: the pool entry each row's key and value go to
-    visible: torch.Tensor  # [B, M, context] bool: True where a row may attend a key
+    far: torch.Tensor  # [B, M, context] bool: far keys a row attends, where they sit
+    near: torch.Tensor  # [B, M, W] long: the pool entries of a row's near keys, in order
+    near_visible: torch.Tensor  # [B, M, W] bool: which of those are real (the rest weigh 0)
 
 
 class StaticBackend:
@@ -73,6 +80,7 @@ class StaticBackend:
         self.weights, self.name, self.tokenizer, self.eos_ids = weights, name, tokenizer, eos_ids
         self.layer_ids = list(range(len(weights.layers))) if layers is None else list(layers)
         self.rows = rows
+        self.tree_window = rows  # W: near keys per row; trees stay below the next multiple of it
         self.max_length = min(context or weights.max_length, weights.max_length)
         self.vocab_size = weights.lm_head.out_features
         self.hidden_size = weights.embed.shape[1]
@@ -162,25 +170,32 @@ class StaticBackend:
         positions = torch.zeros(batch, m, dtype=torch.long)
         slots = torch.zeros(batch, dtype=torch.long)
         writes = torch.arange(context, context + m).repeat(batch, 1)  # padding: past the context
-        ends = torch.zeros(batch, m, dtype=torch.long)  # causal rows see entries 0 .. end
-        trees: list[tuple[int, int, int, torch.Tensor]] = []  # (sequence, rows, cached, mask rows)
+        ends = torch.zeros(batch, m, dtype=torch.long)  # causal rows see entries 0 .. end (padding: entry 0)
+        starts = torch.zeros(batch, m, dtype=torch.long)  # entries below this are the sequence's committed ones
+        trees: list[tuple[int, int, int, torch.Tensor]] = []  # (sequence, rows, entries seen, mask rows)
         for b, p in enumerate(passes):
             first, start = part * m, p.cache.length
             n = min(m, len(p.tokens) - first)
+            where = torch.arange(start + first, start + first + n)
             tokens[b, :n] = torch.tensor(p.tokens[first : first + n])
-            where = range(start + first, start + first + n)
-            positions[b, :n] = torch.tensor(list(where) if p.positions is None else p.positions[first : first + n])
-            slots[b] = p.cache.slot
-            writes[b, :n] = torch.tensor(list(where))
-            ends[b, :n] = torch.tensor(list(where))
+            positions[b, :n] = where if p.positions is None else torch.tensor(p.positions[first : first + n])
+            slots[b], writes[b, :n], ends[b, :n] = p.cache.slot, where, where
             if p.mask is not None:
+                starts[b, :n] = start
                 trees.append((b, n, start + first + n, p.mask[first : first + n, : start + first + n]))
-        keys = torch.arange(context, device=device)
-        visible = keys[None, None] <= ends.to(device)[:, :, None]  # [B, M, context]: causal
+        positions, ends = positions.to(device), ends.to(device)
+        visible = torch.arange(context, device=device)[None, None] <= ends[:, :, None]  # [B, M, context]: causal
+        window = self.tree_window
+        split = positions - positions % window  # [B, M]: where a row's near keys begin, by its position alone
         for b, n, seen, rows in trees:
             visible[b, :n, :seen] = rows
             visible[b, :n, seen:] = False
-        return _Inputs(tokens.to(device), positions.to(device), slots.to(device), writes.to(device), visible)
+            # A tree row's nodes sit after the committed entries, not at their positions: its near
+            # keys begin no later than the pass (the engine keeps trees below the next multiple of W).
+            split[b, :n] = torch.minimum(split[b, :n], starts[b, :n].to(device))
+        far, near, near_visible = window_keys(visible.view(batch * m, context), split.view(-1), window)
+        return _Inputs(tokens.to(device), positions, slots.to(device), writes.to(device),
+                       far.view(batch, m, context), near.view(batch, m, window), near_visible.view(batch, m, window))
 
     def _run(self, inputs: _Inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """The fixed-shape pass -> logits [B*M, V] and hidden states [B*M, H] (fp32)."""
@@ -190,7 +205,7 @@ class StaticBackend:
         if batch not in self._graphs:
             self._graphs[batch] = self._capture(batch)
         graph, static, outputs = self._graphs[batch]
-        for name in ("tokens", "positions", "slots", "writes", "visible"):
+        for name in ("tokens", "positions", "slots", "writes", "far", "near", "near_visible"):
             getattr(static, name).copy_(getattr(inputs, name))
         graph.replay()
         return outputs
@@ -198,12 +213,14 @@ class StaticBackend:
     def _capture(self, batch: int) -> tuple[torch.cuda.CUDAGraph, _Inputs, tuple[torch.Tensor, torch.Tensor]]:
         """A CUDA graph of one pass of `batch` sequences over static input buffers (gpt-fast's way:
         warm up on a side stream, then capture). The warm-up writes only past the context."""
-        m, context, device = self.rows, self.max_length, self.device
+        m, context, device, window = self.rows, self.max_length, self.device, self.tree_window
         static = _Inputs(torch.zeros(batch, m, dtype=torch.long, device=device),
                          torch.zeros(batch, m, dtype=torch.long, device=device),
                          torch.zeros(batch, dtype=torch.long, device=device),
                          torch.arange(context, context + m, device=device).repeat(batch, 1),
-                         torch.ones(batch, m, context, dtype=torch.bool, device=device).tril())
+                         torch.zeros(batch, m, context, dtype=torch.bool, device=device),
+                         torch.zeros(batch, m, window, dtype=torch.long, device=device),
+                         torch.ones(batch, m, window, dtype=torch.bool, device=device).tril())
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(device)
@@ -235,9 +252,12 @@ class StaticBackend:
             v = qkv[:, q_size + kv_size :].view(-1, w.kv_heads, w.head_dim)  # [B*M, KV, D]
             self.keys[slot].index_put_((slot_rows, writes), k)
             self.values[slot].index_put_((slot_rows, writes), v)
-            keys = self.keys[slot, inputs.slots, : self.max_length]  # [B, context, KV, D]
-            values = self.values[slot, inputs.slots, : self.max_length]
-            attended = fixed_attention(q.view(batch, m, w.heads, w.head_dim), keys, values, inputs.visible)
+            pool_k, pool_v = self.keys[slot], self.values[slot]  # [slots, context + M, KV, D]
+            near_slots = inputs.slots[:, None, None]  # [B, 1, 1]
+            attended = window_attention(q.view(batch, m, w.heads, w.head_dim),
+                                        pool_k[inputs.slots, : self.max_length], pool_v[inputs.slots, : self.max_length],
+                                        inputs.far, pool_k[near_slots, inputs.near], pool_v[near_slots, inputs.near],
+                                        inputs.near_visible)
             x = x + layer.o(attended)
             gate, up = layer.gate_up(rms_norm(x, layer.post_norm, w.eps)).chunk(2, dim=-1)  # [B*M, I]
             x = x + layer.down(F.silu(gate) * up)
@@ -245,16 +265,46 @@ class StaticBackend:
         return w.lm_head(hidden).float(), hidden.float()
 
 
-def fixed_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    """Softmax attention of q [B, M, H, D] over keys and values [B, L, KV, D], visible [B, M, L]
-    -> [B*M, H*D]. Plain matrix products of one shape for every pass (SDPA picks kernels by mask
-    and shape); scores and softmax in fp32, as transformers' eager attention does."""
+def window_keys(visible: torch.Tensor, split: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Which keys each row reads as far keys and which as near ones. visible [R, C] bool (keys a row
+    may attend, by pool entry), split [R] (entries below it are far) -> far [R, C] bool, near [R, W]
+    (pool entries, ascending; unused ones 0) and near_visible [R, W] bool. A row with more than W
+    entries from its split on keeps the last W near (the rest are read as far keys). Tensor
+    operations only: no host reads, so it runs inside a step."""
+    entries = torch.arange(visible.shape[1], device=visible.device)  # [C]
+    after = visible & (entries[None] >= split[:, None])  # [R, C]
+    count = after.sum(dim=1, keepdim=True)  # [R, 1]
+    rank = after.cumsum(dim=1) - 1  # [R, C]: each entry's place among the row's entries after the split
+    near_mask = after & (rank >= count - window)  # the last W of them
+    far = visible & ~near_mask
+    place = torch.where(near_mask, rank - (count - window).clamp(min=0), window)  # [R, C]: W = dropped
+    near = torch.zeros(visible.shape[0], window + 1, dtype=torch.long, device=visible.device)
+    near.scatter_(1, place, entries[None].expand_as(place))  # dropped entries all land in column W
+    near_visible = torch.arange(window, device=visible.device)[None] < count.clamp(max=window)  # [R, W]
+    return far, near[:, :window], near_visible
+
+
+def window_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, far: torch.Tensor,
+                     near_keys: torch.Tensor, near_values: torch.Tensor, near_visible: torch.Tensor) -> torch.Tensor:
+    """Softmax attention of q [B, M, H, D] over far keys and values [B, L, KV, D] (far [B, M, L]:
+    which a row reads) and each row's near keys and values [B, M, W, KV, D] (near_visible
+    [B, M, W]) -> [B*M, H*D]. One softmax over both; plain matrix products of one shape for every
+    pass (SDPA picks kernels by mask and shape); scores and softmax in fp32, as transformers'
+    eager attention does."""
     batch, m, heads, dim = q.shape
-    kv_heads = keys.shape[2]
+    kv_heads, window = keys.shape[2], near_keys.shape[2]
     group = heads // kv_heads  # query heads per KV head, consecutive as in transformers
-    queries = q.view(batch, m, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * m, dim)
-    scores = torch.matmul(queries, keys.permute(0, 2, 3, 1)).float() * dim ** -0.5  # [B, KV, G*M, L]
-    scores = scores.view(batch, kv_heads, group, m, -1).masked_fill(~visible[:, None, None], float("-inf"))
-    weights = torch.softmax(scores, dim=-1).to(q.dtype).view(batch, kv_heads, group * m, -1)
-    out = torch.matmul(weights, values.transpose(1, 2))  # [B, KV, G*M, D]
-    return out.view(batch, kv_heads, group, m, dim).permute(0, 3, 1, 2, 4).reshape(batch * m, heads * dim)
+    grouped = q.view(batch, m, kv_heads, group, dim)
+    queries = grouped.permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * m, dim)  # [B, KV, G*M, D]
+    far_scores = torch.matmul(queries, keys.permute(0, 2, 3, 1)).float()  # [B, KV, G*M, L]
+    far_scores = far_scores.view(batch, kv_heads, group, m, -1)
+    near_scores = torch.matmul(grouped, near_keys.permute(0, 1, 3, 4, 2)).float()  # [B, M, KV, G, W]
+    near_scores = near_scores.permute(0, 2, 3, 1, 4)  # [B, KV, G, M, W]
+    scores = torch.cat([far_scores, near_scores], dim=-1) * dim ** -0.5  # [B, KV, G, M, L + W]
+    seen = torch.cat([far, near_visible], dim=-1)[:, None, None]  # [B, 1, 1, M, L + W]
+    weights = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1).to(q.dtype)
+    far_weights = weights[..., :-window].reshape(batch, kv_heads, group * m, -1)  # [B, KV, G*M, L]
+    near_weights = weights[..., -window:].permute(0, 3, 1, 2, 4)  # [B, M, KV, G, W]
+    out = torch.matmul(far_weights, values.transpose(1, 2)).view(batch, kv_heads, group, m, dim)
+    out = out.permute(0, 3, 1, 2, 4) + torch.matmul(near_weights, near_values.permute(0, 1, 3, 2, 4))  # [B, M, KV, G, D]
+    return out.reshape(batch * m, heads * dim)

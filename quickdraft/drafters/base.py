@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from quickdraft.sampling import SamplingParams
+from quickdraft.tree import chain_parents, depths
 
 
 @dataclass
@@ -49,6 +50,20 @@ class Draft:
         m = min(len(self.tokens), room)
         probs = None if self.probs is None else self.probs[:m]
         return Draft(self.tokens[:m], probs, None if self.parents is None else self.parents[:m])
+
+
+    def within_depth(self, most: int) -> tuple[Draft, list[int] | None]:
+        """This draft without its nodes deeper than `most` (a backend's tree window) -> (the draft,
+        each kept node's index in this one; None: nothing cut). Aux tokens stay."""
+        parents = self.parents if self.parents is not None else chain_parents(len(self.tokens))
+        level = depths(parents)
+        kept = [i for i in range(len(parents)) if level[i] <= most]
+        if len(kept) == len(parents):
+            return self, None
+        index = {old: new for new, old in enumerate(kept)}  # ancestors are never deeper: all kept
+        probs = None if self.probs is None else self.probs[kept]
+        return Draft([self.tokens[i] for i in kept], probs, [index.get(parents[i], -1) for i in kept],
+                     self.aux_tokens, self.aux_offsets, self.aux_mask), kept
 
 
 @dataclass
