@@ -84,7 +84,7 @@ class Generation:
         self.logprobs = logprobs  # alternatives to report with each token's log-probability (None: none)
         self.tokens = list(prompt_ids)  # prompt + accepted tokens
         self.prompt_length = len(prompt_ids)
-        self.cache = target.new_cache()
+        self.cache = target.new_cache(len(prompt_ids) + max_new_tokens)
         self.draft_state = None  # the drafter's, from prefill()
         self.prefilled = False
         self.steps: list[StepRecord] = []

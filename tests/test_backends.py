@@ -168,7 +168,7 @@ class ToyBackend:
         self.vocab_size = vocab
         self.table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(seed)) * 3  # [V, V]
 
-    def new_cache(self) -> Cache:
+    def new_cache(self, length: int | None = None) -> Cache:
         return ToyBackend.Cache()
 
     def forward(self, passes: list[SeqPass]) -> list[PassOutput]:

@@ -218,3 +218,17 @@ def test_the_engine_cuts_a_tree_at_the_backends_window(tiny_target):
     assert plan.draft.tokens == [10, 11] and plan.kept == [0, 1] and plan.positions == [6, 7, 7]
     chain = generation.lay_out(3, 100, Draft([10, 11, 12]), 0.0)  # chains cross freely: exact either way
     assert chain.draft.tokens == [10, 11, 12] and chain.kept is None
+
+
+def test_a_sequence_attends_over_its_span_and_grows_it_when_it_outgrows_the_hint():
+    model = tiny_llama(seed=1, max_positions=2048)
+    backend = static(model, rows=8).backend
+    short, whole = Seq(backend), Seq(backend)
+    short.cache = backend.new_cache(100)  # 100 + one pass -> 256 keys
+    assert (short.cache.span, whole.cache.span) == (256, 2048)
+    tokens = [(7 * i) % 32 for i in range(300)]
+    a, b = short.forward(tokens[:250]), whole.forward(tokens[:250])
+    assert torch.allclose(a, b, atol=1e-5)  # the same maths over more (masked) keys
+    short.forward(tokens[250:])  # past its hint: 300 + a pass -> 512 keys
+    assert short.cache.span == 512 and short.length == 300
+    assert torch.allclose(short.forward([3]), whole.forward(tokens[250:] + [3])[-1:], atol=1e-5)

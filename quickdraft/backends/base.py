@@ -74,7 +74,10 @@ class Backend(Protocol):
     # root (backends/static.py); the engine cuts deeper tree nodes. Absent or None: no limit.
     tree_window: int | None
 
-    def new_cache(self) -> Cache: ...
+    def new_cache(self, length: int | None = None) -> Cache:
+        """A new sequence's cache. length: the most entries it should need (prompt + new tokens), a
+        hint a backend may size its cache by (None: up to max_length); never a limit."""
+        ...
 
     def forward(self, passes: list[SeqPass]) -> list[PassOutput]:
         """Append each pass's tokens to its cache and score them; one output per pass, in order.

@@ -59,7 +59,7 @@ class HFBackend:
         self.device, self.dtype = head.device, head.dtype
         self.precision = "fp32" if head.dtype == torch.float32 else str(head.dtype).removeprefix("torch.")
 
-    def new_cache(self) -> HFCache:
+    def new_cache(self, length: int | None = None) -> HFCache:
         return HFCache(self._cache_config)
 
     @torch.inference_mode()

@@ -207,7 +207,7 @@ class LlamaCppBackend:
             raise ValueError(f"llama.cpp backend: all {self.max_sequences} sequence ids are in use")
         return self.handles.free_ids.pop()
 
-    def new_cache(self) -> LlamaCppCache:
+    def new_cache(self, length: int | None = None) -> LlamaCppCache:
         return LlamaCppCache(self, self._take_id())
 
     def _release(self, seq: int) -> None:

@@ -48,7 +48,7 @@ class NativeBackend:
         # Below fp32 attention is row-invariant: keys in fp32 buckets, values with a ones column.
         self._row_invariant = weights.dtype != torch.float32
 
-    def new_cache(self) -> KVCache:
+    def new_cache(self, length: int | None = None) -> KVCache:
         w = self.weights
         return KVCache(len(self.layer_ids), w.kv_heads, w.head_dim, self.max_length, dtype=torch.float32,
                        device=self.device, ones_column=self._row_invariant,

@@ -18,6 +18,9 @@ that sit elsewhere than their positions. Chains may: their nodes sit at their po
 The KV cache is one preallocated pool [layers, slots, context + rows, KV, D] for all sequences:
 a Cache is a slot and a length; padding rows write past the context, where nothing reads. The
 pool doubles its slots when every one is taken (graphs are captured again: they hold its address).
+A sequence's rows attend over its span, not the whole context: the power of two (at least 256)
+that holds its prompt, its new tokens and one pass (new_cache's length hint), so a short request
+does not pay for attention over 8,192 keys. One graph per (batch, span).
 """
 
 from __future__ import annotations
@@ -33,12 +36,15 @@ from quickdraft.backends.base import PassOutput, SeqPass, check_passes
 from quickdraft.models.native import NativeWeights, rms_norm
 from quickdraft.models.rotary import RotaryTable, rotate
 
+MIN_SPAN = 256  # the fewest keys a sequence's rows attend over (spans are powers of two up to the context)
+
 
 class StaticCache:
-    """One sequence: a slot of its backend's pool and how many entries it holds."""
+    """One sequence: a slot of its backend's pool, how many entries it holds, and its key span
+    (the entries its rows attend over: fixed for the sequence's life, so its passes share one shape)."""
 
-    def __init__(self, owner: int, slot: int, free: list[int]) -> None:
-        self.owner, self.slot, self.length = owner, slot, 0
+    def __init__(self, owner: int, slot: int, free: list[int], span: int) -> None:
+        self.owner, self.slot, self.length, self.span = owner, slot, 0, span
         self._pool: StaticBackend | None = None  # set by the backend (keep() moves entries in its pool)
         weakref.finalize(self, free.append, slot)  # the slot goes back when the sequence is dropped
 
@@ -96,7 +102,7 @@ class StaticBackend:
         self._free: list[int] = []
         self.keys = self.values = torch.empty(0)
         self._allocate(slots)
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, _Inputs, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, _Inputs, tuple[torch.Tensor, torch.Tensor]]] = {}
         self._graph_pool = None
 
     # -- the pool -------------------------------------------------------------------------------
@@ -118,13 +124,18 @@ class StaticBackend:
         self._free.extend(range(old, slots))
         self._graphs = {}  # captured over the old pool's address
 
-    def new_cache(self) -> StaticCache:
+    def new_cache(self, length: int | None = None) -> StaticCache:
         if not self._free:
             self._allocate(2 * self.slots)
         self._free.sort(reverse=True)
-        cache = StaticCache(id(self), self._free.pop(), self._free)
+        cache = StaticCache(id(self), self._free.pop(), self._free, self.span_for(length or self.max_length))
         cache._pool = self
         return cache
+
+    def span_for(self, length: int) -> int:
+        """Keys attended by a sequence of up to `length` entries: a power of two >= 256 with room for
+        one more pass, at most the context."""
+        return min(self.max_length, max(MIN_SPAN, 1 << (length + self.rows - 1).bit_length()))
 
     @torch.inference_mode()
     def gather(self, slot: int, indices: list[int]) -> None:
@@ -141,6 +152,9 @@ class StaticBackend:
         for p in passes:
             if not isinstance(p.cache, StaticCache) or p.cache.owner != id(self):
                 raise ValueError("a cache from another backend was passed to this one")
+        for p in passes:  # a sequence that outgrew its length hint attends over more keys from now on
+            if p.cache.length + len(p.tokens) > p.cache.span:
+                p.cache.span = self.span_for(p.cache.length + len(p.tokens))
         m = self.rows
         parts = max(-(-len(p.tokens) // m) for p in passes)
         logits: list[list[torch.Tensor]] = [[] for _ in passes]
@@ -164,12 +178,13 @@ class StaticBackend:
 
     def _inputs(self, passes: list[SeqPass], part: int) -> _Inputs:
         """Rows part*M .. part*M+M-1 of each pass, padded to M rows and to a batch of a power of two."""
-        m, context, device = self.rows, self.max_length, self.device
+        m, device = self.rows, self.device
+        context = max(p.cache.span for p in passes)  # keys every row of this pass attends over
         batch = 1 << (len(passes) - 1).bit_length()
         tokens = torch.zeros(batch, m, dtype=torch.long)
         positions = torch.zeros(batch, m, dtype=torch.long)
         slots = torch.zeros(batch, dtype=torch.long)
-        writes = torch.arange(context, context + m).repeat(batch, 1)  # padding: past the context
+        writes = torch.arange(self.max_length, self.max_length + m).repeat(batch, 1)  # padding: past the context
         ends = torch.zeros(batch, m, dtype=torch.long)  # causal rows see entries 0 .. end (padding: entry 0)
         starts = torch.zeros(batch, m, dtype=torch.long)  # entries below this are the sequence's committed ones
         trees: list[tuple[int, int, int, torch.Tensor]] = []  # (sequence, rows, entries seen, mask rows)
@@ -201,24 +216,25 @@ class StaticBackend:
         """The fixed-shape pass -> logits [B*M, V] and hidden states [B*M, H] (fp32)."""
         if not self.graphs:
             return self._step(inputs)
-        batch = inputs.tokens.shape[0]
-        if batch not in self._graphs:
-            self._graphs[batch] = self._capture(batch)
-        graph, static, outputs = self._graphs[batch]
+        key = (inputs.tokens.shape[0], inputs.far.shape[2])  # (batch, span)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(*key)
+        graph, static, outputs = self._graphs[key]
         for name in ("tokens", "positions", "slots", "writes", "far", "near", "near_visible"):
             getattr(static, name).copy_(getattr(inputs, name))
         graph.replay()
         return outputs
 
-    def _capture(self, batch: int) -> tuple[torch.cuda.CUDAGraph, _Inputs, tuple[torch.Tensor, torch.Tensor]]:
-        """A CUDA graph of one pass of `batch` sequences over static input buffers (gpt-fast's way:
-        warm up on a side stream, then capture). The warm-up writes only past the context."""
+    def _capture(self, batch: int, span: int) -> tuple[torch.cuda.CUDAGraph, _Inputs, tuple[torch.Tensor, torch.Tensor]]:
+        """A CUDA graph of one pass of `batch` sequences attending over `span` keys, over static input
+        buffers (gpt-fast's way: warm up on a side stream, then capture). The warm-up writes only
+        past the context."""
         m, context, device, window = self.rows, self.max_length, self.device, self.tree_window
         static = _Inputs(torch.zeros(batch, m, dtype=torch.long, device=device),
                          torch.zeros(batch, m, dtype=torch.long, device=device),
                          torch.zeros(batch, dtype=torch.long, device=device),
                          torch.arange(context, context + m, device=device).repeat(batch, 1),
-                         torch.zeros(batch, m, context, dtype=torch.bool, device=device),
+                         torch.zeros(batch, m, span, dtype=torch.bool, device=device),
                          torch.zeros(batch, m, window, dtype=torch.long, device=device),
                          torch.ones(batch, m, window, dtype=torch.bool, device=device).tril())
         if self._graph_pool is None:
@@ -238,6 +254,7 @@ class StaticBackend:
         """The model over [B, M] rows: no host reads, no shapes that depend on data (graph-safe)."""
         w = self.weights
         batch, m = inputs.tokens.shape
+        span = inputs.far.shape[2]
         q_size, kv_size = w.heads * w.head_dim, w.kv_heads * w.head_dim
         slot_rows = inputs.slots[:, None].expand(batch, m).reshape(-1)  # [B*M]
         writes = inputs.writes.reshape(-1)  # [B*M]
@@ -255,7 +272,7 @@ class StaticBackend:
             pool_k, pool_v = self.keys[slot], self.values[slot]  # [slots, context + M, KV, D]
             near_slots = inputs.slots[:, None, None]  # [B, 1, 1]
             attended = window_attention(q.view(batch, m, w.heads, w.head_dim),
-                                        pool_k[inputs.slots, : self.max_length], pool_v[inputs.slots, : self.max_length],
+                                        pool_k[inputs.slots, :span], pool_v[inputs.slots, :span],
                                         inputs.far, pool_k[near_slots, inputs.near], pool_v[near_slots, inputs.near],
                                         inputs.near_visible)
             x = x + layer.o(attended)
