@@ -59,3 +59,17 @@ def _check(alpha: float, k: int) -> None:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
+
+
+DEFAULT_TREE_NODES = 4  # where every row costs (CPUs): the size measured best there (BENCHMARKS.md)
+MOST_TREE_NODES = 63  # one static pass of 64 rows: the root and 63 nodes
+
+
+def tree_budget(pass_ms: dict[int, float] | None, tolerance: float = 1.1) -> int:
+    """Draft nodes a token tree should verify per pass: the largest pass measured to cost at most
+    `tolerance` x a one-token pass, less its root row (on a GPU rows are nearly free: up to 63;
+    on a CPU each costs: DEFAULT_TREE_NODES, the floor). No measurement: the floor."""
+    if not pass_ms or 1 not in pass_ms:
+        return DEFAULT_TREE_NODES
+    cheap = max(n for n, ms in pass_ms.items() if ms <= tolerance * pass_ms[1])
+    return min(MOST_TREE_NODES, max(DEFAULT_TREE_NODES, cheap - 1))

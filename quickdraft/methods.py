@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from quickdraft.analysis import tree_budget
 from quickdraft.backends.base import Backend
 from quickdraft.drafters import DraftModelDrafter, Drafter, LookaheadDrafter, NoDrafter, PromptLookupDrafter
 from quickdraft.drafters.eagle import EagleDrafter
@@ -127,13 +128,19 @@ def shared_head(kind: str, parts: Parts, config: MethodConfig):
     return parts.target.heads[key]
 
 
+def tree_nodes(parts: Parts, config: MethodConfig) -> int:
+    """The user's tree size, else the budget the target's measured pass costs allow."""
+    return config.tree_nodes or tree_budget(getattr(parts.target_backend, "pass_ms", None))
+
+
 def _build_medusa(parts: Parts, config: MethodConfig) -> Drafter:
-    return MedusaDrafter(shared_head("medusa", parts, config), config.tree_top_k, config.tree_nodes, config.tree)
+    return MedusaDrafter(shared_head("medusa", parts, config), config.tree_top_k, tree_nodes(parts, config),
+                         config.tree)
 
 
 def _build_eagle(parts: Parts, config: MethodConfig) -> Drafter:
     return EagleDrafter(shared_head("eagle", parts, config), parts.target_backend.max_length, config.tree_top_k,
-                        config.tree_nodes, config.tree)
+                        tree_nodes(parts, config), config.tree)
 
 
 METHODS: dict[str, Method] = {

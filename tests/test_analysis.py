@@ -2,7 +2,14 @@ import random
 
 import pytest
 
-from quickdraft.analysis import best_k, expected_tokens_per_pass, predicted_speedup, time_per_token
+from quickdraft.analysis import (
+    DEFAULT_TREE_NODES,
+    best_k,
+    expected_tokens_per_pass,
+    predicted_speedup,
+    time_per_token,
+    tree_budget,
+)
 
 
 @pytest.mark.parametrize(
@@ -51,3 +58,12 @@ def test_best_k_is_the_brute_force_argmax():
 def test_bad_alpha_is_refused():
     with pytest.raises(ValueError):
         expected_tokens_per_pass(1.5, 4)
+
+
+def test_the_tree_budget_is_what_a_pass_takes_for_about_the_price_of_one_token():
+    gpu = {1: 1.00, 2: 1.00, 4: 1.01, 8: 1.02, 16: 1.04, 32: 1.08, 64: 1.30}  # flat until 32 rows
+    assert tree_budget(gpu) == 31  # 32 rows: the root and 31 nodes
+    assert tree_budget({n: 1.0 for n in (1, 2, 4, 8, 16, 32, 64)}) == 63
+    cpu = {1: 9.6, 2: 16.1, 4: 25.6, 8: 45.8, 16: 86.0}  # llama.cpp here: every row costs
+    assert tree_budget(cpu) == DEFAULT_TREE_NODES
+    assert tree_budget(None) == tree_budget({}) == DEFAULT_TREE_NODES

@@ -178,3 +178,16 @@ def test_static_trees_greedy_equal_plain(tiny_target, heads, method):
         assert sum(len(step.draft_tokens) != 8 for step in out.steps) <= 3
         accepted += out.stats.accepted_tokens
     assert accepted > 0
+
+
+def test_the_tree_size_follows_the_targets_measured_pass_costs(tiny_target, heads, tmp_path):
+    # The static backend pads every pass to 64 rows, so its measured costs are flat: 63 nodes.
+    # Without measurements (or on a CPU backend where each row costs): the CPU's 4.
+    static = Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(heads / "eagle"), backend="static",
+                     cache_dir=tmp_path)
+    assert static.target_backend.pass_ms is not None and static.drafter.nodes == 63
+    native = Decoder(loaded(tiny_target, "t"), None, "medusa", head=str(heads / "medusa"), measure_shapes=False)
+    assert native.drafter.nodes == 4
+    given = Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(heads / "eagle"), backend="static",
+                    cache_dir=tmp_path, tree_nodes=7)
+    assert given.drafter.nodes == 7
