@@ -196,7 +196,7 @@ def measure_pass_costs(backend, folder: Path | None, signature: dict | None = No
 
     def measure() -> dict[int, float]:
         context = [(7 + 13 * i) % backend.vocab_size for i in range(COST_CONTEXT)]
-        cache = backend.new_cache()
+        cache = backend.new_cache(COST_CONTEXT + max(grid))
         backend.forward([SeqPass(cache, context, logits="none")])
 
         def run(rows: int) -> None:
