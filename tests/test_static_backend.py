@@ -174,9 +174,10 @@ def test_greedy_speculation_equals_plain_greedy(tiny_target, tiny_draft, method,
     assert accepted > 0
 
 
-@pytest.mark.parametrize("method,k,params", [("draft", 3, SamplingParams(temperature=1.0, top_p=0.9)),
-                                             ("lookahead", 2, SamplingParams(temperature=0.8, top_k=5))])
+@pytest.mark.parametrize("method,k,params", [("draft", 3, SamplingParams(temperature=1.0, top_p=0.9))])
 def test_sampled_output_follows_target_distribution(small_target, small_draft, method, k, params):
+    # One case (2,000 runs of 64-row passes on a CPU take a minute); tests/test_engine.py runs every
+    # method's sampling on the device's default backend, on CUDA too.
     prompt = [1, 2, 3, 1, 2, 3, 1]
     decoder = static_decoder(small_target, small_draft, method, k)
     assert chi_square_p_value(sampled_joint(decoder, prompt, params, k), exact_joint(small_target, prompt, params)) > 1e-3

@@ -64,11 +64,14 @@ class _Inputs:
 
     tokens: torch.Tensor  # [B, M] long
     positions: torch.Tensor  # [B, M] long: rotary positions
-    slots: torch.Tensor  # [B] long: each row's pool slot
     writes: torch.Tensor  # [B, M] long: the pool entry each row's key and value go to
-    far: torch.Tensor  # [B, M, context] bool: far keys a row attends, where they sit
-    near: torch.Tensor  # [B, M, W] long: the pool entries of a row's near keys, in order
-    near_visible: torch.Tensor  # [B, M, W] bool: which of those are real (the rest weigh 0)
+    split: torch.Tensor  # [B, M] long: entries below it are a row's far keys (see window_keys)
+    slots: torch.Tensor  # [B] long: each sequence's pool slot
+    visible: torch.Tensor  # [B, M, span] bool: the entries each row may attend
+
+    def copy_(self, other: _Inputs) -> None:
+        for name in ("tokens", "positions", "writes", "split", "slots", "visible"):
+            getattr(self, name).copy_(getattr(other, name))
 
 
 class StaticBackend:
@@ -177,16 +180,15 @@ class StaticBackend:
         return outputs
 
     def _inputs(self, passes: list[SeqPass], part: int) -> _Inputs:
-        """Rows part*M .. part*M+M-1 of each pass, padded to M rows and to a batch of a power of two."""
-        m, device = self.rows, self.device
-        context = max(p.cache.span for p in passes)  # keys every row of this pass attends over
+        """Rows part*M .. part*M+M-1 of each pass, padded to M rows and to a batch of a power of two.
+        The integers go to the device in one copy; causal rows' visibility is made there."""
+        m, device, window = self.rows, self.device, self.tree_window
+        span = max(p.cache.span for p in passes)  # keys every row of this pass attends over
         batch = 1 << (len(passes) - 1).bit_length()
-        tokens = torch.zeros(batch, m, dtype=torch.long)
-        positions = torch.zeros(batch, m, dtype=torch.long)
+        block = torch.zeros(5, batch, m, dtype=torch.long)  # tokens, positions, writes, split, causal ends
+        tokens, positions, writes, split, ends = block
+        writes[:] = torch.arange(self.max_length, self.max_length + m)  # padding rows: past the context
         slots = torch.zeros(batch, dtype=torch.long)
-        writes = torch.arange(self.max_length, self.max_length + m).repeat(batch, 1)  # padding: past the context
-        ends = torch.zeros(batch, m, dtype=torch.long)  # causal rows see entries 0 .. end (padding: entry 0)
-        starts = torch.zeros(batch, m, dtype=torch.long)  # entries below this are the sequence's committed ones
         trees: list[tuple[int, int, int, torch.Tensor]] = []  # (sequence, rows, entries seen, mask rows)
         for b, p in enumerate(passes):
             first, start = part * m, p.cache.length
@@ -194,34 +196,30 @@ class StaticBackend:
             where = torch.arange(start + first, start + first + n)
             tokens[b, :n] = torch.tensor(p.tokens[first : first + n])
             positions[b, :n] = where if p.positions is None else torch.tensor(p.positions[first : first + n])
-            slots[b], writes[b, :n], ends[b, :n] = p.cache.slot, where, where
+            writes[b, :n], ends[b, :n], slots[b] = where, where, p.cache.slot
+            split[b, :n] = positions[b, :n] - positions[b, :n] % window  # by the row's position alone
             if p.mask is not None:
-                starts[b, :n] = start
+                # A tree row's ancestors sit after the committed entries, not at their positions: its
+                # near keys begin no later than the pass (the engine keeps trees below the next multiple of W).
+                split[b, :n] = split[b, :n].clamp(max=start)
                 trees.append((b, n, start + first + n, p.mask[first : first + n, : start + first + n]))
-        positions, ends = positions.to(device), ends.to(device)
-        visible = torch.arange(context, device=device)[None, None] <= ends[:, :, None]  # [B, M, context]: causal
-        window = self.tree_window
-        split = positions - positions % window  # [B, M]: where a row's near keys begin, by its position alone
+        on_device = torch.cat([block.view(-1), slots]).to(device)
+        tokens, positions, writes, split, ends = on_device[: block.numel()].view(5, batch, m)
+        visible = torch.arange(span, device=device)[None, None] <= ends[:, :, None]  # [B, M, span]: causal
         for b, n, seen, rows in trees:
             visible[b, :n, :seen] = rows
             visible[b, :n, seen:] = False
-            # A tree row's nodes sit after the committed entries, not at their positions: its near
-            # keys begin no later than the pass (the engine keeps trees below the next multiple of W).
-            split[b, :n] = torch.minimum(split[b, :n], starts[b, :n].to(device))
-        far, near, near_visible = window_keys(visible.view(batch * m, context), split.view(-1), window)
-        return _Inputs(tokens.to(device), positions, slots.to(device), writes.to(device),
-                       far.view(batch, m, context), near.view(batch, m, window), near_visible.view(batch, m, window))
+        return _Inputs(tokens, positions, writes, split, on_device[block.numel() :], visible)
 
     def _run(self, inputs: _Inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """The fixed-shape pass -> logits [B*M, V] and hidden states [B*M, H] (fp32)."""
         if not self.graphs:
             return self._step(inputs)
-        key = (inputs.tokens.shape[0], inputs.far.shape[2])  # (batch, span)
+        key = (inputs.tokens.shape[0], inputs.visible.shape[2])  # (batch, span)
         if key not in self._graphs:
             self._graphs[key] = self._capture(*key)
         graph, static, outputs = self._graphs[key]
-        for name in ("tokens", "positions", "slots", "writes", "far", "near", "near_visible"):
-            getattr(static, name).copy_(getattr(inputs, name))
+        static.copy_(inputs)
         graph.replay()
         return outputs
 
@@ -229,14 +227,11 @@ class StaticBackend:
         """A CUDA graph of one pass of `batch` sequences attending over `span` keys, over static input
         buffers (gpt-fast's way: warm up on a side stream, then capture). The warm-up writes only
         past the context."""
-        m, context, device, window = self.rows, self.max_length, self.device, self.tree_window
-        static = _Inputs(torch.zeros(batch, m, dtype=torch.long, device=device),
-                         torch.zeros(batch, m, dtype=torch.long, device=device),
-                         torch.zeros(batch, dtype=torch.long, device=device),
-                         torch.arange(context, context + m, device=device).repeat(batch, 1),
-                         torch.zeros(batch, m, span, dtype=torch.bool, device=device),
-                         torch.zeros(batch, m, window, dtype=torch.long, device=device),
-                         torch.ones(batch, m, window, dtype=torch.bool, device=device).tril())
+        m, context, device = self.rows, self.max_length, self.device
+        zeros = torch.zeros(batch, m, dtype=torch.long, device=device)
+        static = _Inputs(zeros.clone(), zeros.clone(), torch.arange(context, context + m, device=device).repeat(batch, 1),
+                         zeros.clone(), torch.zeros(batch, dtype=torch.long, device=device),
+                         torch.ones(batch, m, span, dtype=torch.bool, device=device).tril())
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(device)
@@ -254,7 +249,10 @@ class StaticBackend:
         """The model over [B, M] rows: no host reads, no shapes that depend on data (graph-safe)."""
         w = self.weights
         batch, m = inputs.tokens.shape
-        span = inputs.far.shape[2]
+        span = inputs.visible.shape[2]
+        far, near, near_visible = window_keys(inputs.visible.view(batch * m, span), inputs.split.view(-1),
+                                              self.tree_window)  # [B*M, span], [B*M, W] x2
+        near = near.view(batch, m, -1)
         q_size, kv_size = w.heads * w.head_dim, w.kv_heads * w.head_dim
         slot_rows = inputs.slots[:, None].expand(batch, m).reshape(-1)  # [B*M]
         writes = inputs.writes.reshape(-1)  # [B*M]
@@ -273,8 +271,8 @@ class StaticBackend:
             near_slots = inputs.slots[:, None, None]  # [B, 1, 1]
             attended = window_attention(q.view(batch, m, w.heads, w.head_dim),
                                         pool_k[inputs.slots, :span], pool_v[inputs.slots, :span],
-                                        inputs.far, pool_k[near_slots, inputs.near], pool_v[near_slots, inputs.near],
-                                        inputs.near_visible)
+                                        far.view(batch, m, span), pool_k[near_slots, near], pool_v[near_slots, near],
+                                        near_visible.view(batch, m, -1))
             x = x + layer.o(attended)
             gate, up = layer.gate_up(rms_norm(x, layer.post_norm, w.eps)).chunk(2, dim=-1)  # [B*M, I]
             x = x + layer.down(F.silu(gate) * up)
