@@ -181,13 +181,19 @@ def test_static_trees_greedy_equal_plain(tiny_target, heads, method):
 
 
 def test_the_tree_size_follows_the_targets_measured_pass_costs(tiny_target, heads, tmp_path):
-    # The static backend pads every pass to 64 rows, so its measured costs are flat: 63 nodes.
-    # Without measurements (or on a CPU backend where each row costs): the CPU's 4.
-    static = Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(heads / "eagle"), backend="static",
-                     cache_dir=tmp_path)
-    assert static.target_backend.pass_ms is not None and static.drafter.nodes == 63
+    # Flat costs up to 64 tokens (a GPU; the static backend pads every pass to 64 rows): 63 nodes.
+    # Without measurements (or where each row costs): the CPU's 4. A given size wins.
+    from quickdraft.analysis import tree_budget
+    from quickdraft.backends.select import make_backend
+
+    target = loaded(tiny_target, "t")
+    backend = make_backend(target, "static", "fp32", "cpu", measure=False)
+    backend.pass_ms = {n: 1.0 for n in (1, 2, 4, 8, 16, 32, 64)}
+    options = dict(head=str(heads / "eagle"), backend="static", measure_shapes=False)
+    assert Decoder(target, None, "eagle", **options).drafter.nodes == 63
+    assert Decoder(target, None, "eagle", tree_nodes=7, **options).drafter.nodes == 7
     native = Decoder(loaded(tiny_target, "t"), None, "medusa", head=str(heads / "medusa"), measure_shapes=False)
     assert native.drafter.nodes == 4
-    given = Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(heads / "eagle"), backend="static",
-                    cache_dir=tmp_path, tree_nodes=7)
-    assert given.drafter.nodes == 7
+    measured = Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(heads / "eagle"), backend="static",
+                       cache_dir=tmp_path)
+    assert measured.target_backend.pass_ms and measured.drafter.nodes == tree_budget(measured.target_backend.pass_ms)
