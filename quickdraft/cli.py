@@ -108,6 +108,20 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--max-tokens", type=int, default=512, help="tokens per example (prompt + response)")
     train.add_argument("--threads", type=int, help="CPU threads for torch and the llama.cpp backend (default: torch's choice)")
 
+    plan = commands.add_parser("plan", help="will the target, the draft and the caches fit? (reads config or GGUF "
+                               "headers; loads no weights)")
+    plan.add_argument("--target", help="hub id, folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    plan.add_argument("--draft", help="draft model: hub id, folder or .gguf file")
+    plan.add_argument("--head", help="folder of an EAGLE or Medusa head (its file size counts as the draft)")
+    plan.add_argument("--max-batch", type=int, default=1, help="sequences decoded together")
+    plan.add_argument("--context", type=int, help="tokens per sequence (default: the target's context length)")
+    plan.add_argument("--memory", help="what there is, e.g. 8GiB: say whether it fits and what to cut")
+    plan.add_argument("--backend", choices=["native", "static", "hf", "llama.cpp"],
+                      help="default: static on cuda, else native")
+    plan.add_argument("--precision", choices=["fp32", "bf16", "int8", "int4"],
+                      help="default: bf16 on cuda, else fp32 (llama.cpp: the file's own types)")
+    plan.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+
     analyze = commands.add_parser("analyze", help="expected tokens per pass, predicted speedup, best K")
     analyze.add_argument("--alpha", type=float, help="acceptance rate per draft token")
     analyze.add_argument("--k", type=int, help="draft tokens per step")
@@ -172,10 +186,41 @@ def main(argv: list[str] | None = None) -> int:
             return _serve(args)
         if args.command == "train":
             return _train(args)
+        if args.command == "plan":
+            return _plan(args)
         return _generate(args)
     except QuickdraftError as error:
         print(f"quickdraft: error: {error}", file=sys.stderr)
         return 2
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """Print the memory report for a setting; with --memory, whether it fits (exit 0) or not (exit 1)
+    and what to cut."""
+    from quickdraft.memory import fit_advice, parse_bytes, plan_memory, read_shape
+
+    if args.max_batch < 1:
+        raise QuickdraftError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.context is not None and args.context < 1:
+        raise QuickdraftError(f"--context must be >= 1, got {args.context}")
+    budget = parse_bytes(args.memory) if args.memory else None
+    target = read_shape(args.target)
+    draft = read_shape(args.draft) if args.draft else None
+    head = sum(f.stat().st_size for f in Path(args.head).glob("*.safetensors")) if args.head else 0
+    backend = args.backend or ("static" if args.device == "cuda" else "native")
+    precision = args.precision or ("bf16" if args.device == "cuda" else "fp32")
+    if args.context is not None and args.context > target.context:
+        raise QuickdraftError(f"--context {args.context} is over {target.name}'s context length {target.context}")
+    report = plan_memory(target, draft, backend=backend, precision=precision, device=args.device,
+                         max_batch=args.max_batch, context=args.context, head_bytes=head)
+    print(f"{target.name} on the {backend} backend, {precision if backend != 'llama.cpp' else 'gguf'}, "
+          f"{args.device}" + (f", draft {draft.name}" if draft else "") + (f", head {args.head}" if head else ""))
+    print("\n".join(report.lines()))
+    if budget is None:
+        return 0
+    fits, advice = fit_advice(report, budget, target, draft, backend, precision, args.device, head)
+    print("\n".join(advice))
+    return 0 if fits else 1
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -254,6 +299,10 @@ def _serve(args: argparse.Namespace) -> int:
     app = create_app(decoder, args.model_name, args.max_batch, args.max_queue, args.max_tokens_limit,
                      args.drain_seconds, args.max_body_bytes, args.api_key or None,
                      allowed_hosts(args.host, args.allowed_host))
+    from quickdraft.memory import loaded_memory
+
+    print("\n".join(["quickdraft: memory at --max-batch sequences (also at /metrics):",
+                     *loaded_memory(decoder, args.max_batch).lines()]), file=sys.stderr)
     print(f"quickdraft: serving {args.model_name or decoder.target.name} ({decoder.method}, k={decoder.k}) "
           f"on http://{args.host}:{args.port}/v1" + (" (API key required)" if args.api_key else ""), file=sys.stderr)
     DrainingServer(app, args.host, args.port).run()
@@ -266,6 +315,10 @@ def _generate(args: argparse.Namespace) -> int:
     prompt = _read_prompt(args)
     _set_threads(args.threads)
     decoder = quickdraft.load(args.target, args.draft, args.method, **given_options(args))
+    if args.verbose and not args.json:
+        from quickdraft.memory import loaded_memory
+
+        print("\n".join(["memory:", *loaded_memory(decoder).lines()]), file=sys.stderr)
     generation = decoder.start(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                top_p=args.top_p, seed=args.seed, stop=args.stop, chat=args.chat, text=True)
     streaming = not args.json and not args.verbose

@@ -125,6 +125,7 @@ def test_cli_verbose_and_summary(capsys):
     captured = capsys.readouterr()
     assert "Drafted: " in captured.out and "Accepted: " in captured.out
     assert "tok/s" in captured.err and "prompt-lookup" in captured.err
+    assert "memory:" in captured.err and "KV cache per token" in captured.err
 
 
 def test_cli_bad_input_is_one_line(capsys):

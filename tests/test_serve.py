@@ -62,6 +62,11 @@ def test_models_health_and_metrics(server, decoder):
                  'quickdraft_drafted_at_position_total{position="1"}', "quickdraft_generated_tokens_total",
                  "quickdraft_request_latency_seconds_bucket", "quickdraft_time_to_first_token_seconds_bucket"):
         assert name in metrics
+    # The memory report as gauges: weights counted from the loaded tensors, caches at --max-batch.
+    gauges = {line.split('"')[1]: float(line.split()[-1]) for line in metrics.splitlines()
+              if line.startswith("quickdraft_memory_bytes{")}
+    assert gauges["target_weights"] + gauges["transformers_copy"] > 0 and gauges["kv_per_token"] > 0
+    assert gauges["total"] >= gauges["kv_total"] >= gauges["kv_per_sequence"] > 0
 
 
 def test_completion_streamed_and_not_agree_with_the_library(server, decoder):

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from quickdraft.decoder import Decoder, GenerationOutput
 from quickdraft.errors import QuickdraftError
+from quickdraft.memory import loaded_memory
 from quickdraft.methods import configure
 from quickdraft.options import MODEL_OPTIONS
 from quickdraft.sampling import TokenLogprob
@@ -67,6 +68,7 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
     names answered (None: any; the default suits a server bound to the loopback address)."""
     name = model_name or decoder.target.name
     metrics = ServerMetrics()
+    metrics.record_memory(loaded_memory(decoder, max_batch))
     scheduler = Scheduler(decoder, max_batch, max_queue, metrics)
     created = int(time.time())
     # Every token spells at most this many characters, so a longer text is over the context

@@ -41,7 +41,15 @@ class ServerMetrics:
                                  ["endpoint"], buckets=LATENCY_BUCKETS, registry=registry)
         self.first_token = Histogram("quickdraft_time_to_first_token_seconds", "Time from arrival to the first token",
                                      ["endpoint"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.memory = Gauge("quickdraft_memory_bytes", "Memory by part (quickdraft.memory): weights counted from "
+                            "the loaded tensors; KV caches and buffers at --max-batch sequences of the context",
+                            ["part"], registry=registry)
         self._totals = [0, 0, 0, 0]  # generated, passes, drafted, accepted: for the two ratios
+
+    def record_memory(self, report) -> None:
+        """Set the memory gauges from a MemoryReport."""
+        for part, value in report.gauges().items():
+            self.memory.labels(part).set(value)
 
     def record_step(self, record: StepRecord) -> None:
         """Count one sequence's target pass (called on the scheduler thread)."""
