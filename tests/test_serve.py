@@ -453,3 +453,20 @@ def test_an_unexpected_error_is_an_openai_shaped_500(decoder):
         assert httpx.get(broken.url + "/health").status_code == 200
     finally:
         broken.stop()
+
+
+def test_the_steps_endpoint_streams_step_records_then_done_and_the_playground_is_served(server, decoder):
+    body = {"model": decoder.target.name, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 12,
+            "temperature": 0, "quickdraft": {"method": "lookahead"}}
+    with httpx.stream("POST", server.url + "/v1/quickdraft/steps", json=body, timeout=120) as response:
+        events = [block for block in response.read().decode().split("\n\n") if block]
+    kinds = [block.split("\n")[0] for block in events]
+    assert set(kinds[:-1]) == {"event: step"} and kinds[-1] == "event: done"
+    bad = httpx.post(server.url + "/v1/quickdraft/steps", json=body | {"quickdraft": {"method": "nope"}})
+    assert bad.status_code == 400 and "unknown method" in bad.json()["error"]["message"]
+    page = httpx.get(server.url + "/")
+    assert page.status_code == 200 and "quickdraft playground" in page.text
+    assert httpx.get(server.url + "/playground/playground.js").headers["content-type"].startswith("text/javascript")
+    assert httpx.get(server.url + "/playground/nope.js").status_code == 404
+    info = httpx.get(server.url + "/v1/quickdraft/info").json()
+    assert info["model"] == decoder.target.name and "lookahead" in info["methods"] and info["backend"] == "native"

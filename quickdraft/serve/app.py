@@ -8,16 +8,17 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from quickdraft.decoder import Decoder, GenerationOutput
 from quickdraft.errors import QuickdraftError
 from quickdraft.memory import loaded_memory
-from quickdraft.methods import configure
+from quickdraft.methods import METHODS, configure
 from quickdraft.options import MODEL_OPTIONS
 from quickdraft.sampling import TokenLogprob
 from quickdraft.serve.gate import LOOPBACK_HOSTS, Gate
@@ -40,6 +41,8 @@ from quickdraft.stats import StepRecord
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_BODY_BYTES = 2 << 20  # a context's worth of text or token ids is far less
 DISCONNECT_POLL_SECONDS = 0.2  # how often a non-streaming request checks that its client is still there
+PLAYGROUND = Path(__file__).parent / "static"  # the playground page: no build step, no CDN
+PLAYGROUND_FILES = {"playground.js": "text/javascript", "playground.css": "text/css"}
 
 
 class ApiError(Exception):
@@ -142,6 +145,33 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await answer(body, await chat_prompt(body), chat=True, request=request)
+
+    @app.get("/v1/quickdraft/info")
+    async def info() -> dict:
+        """What the playground offers: the model, the methods, and the settings fixed at start."""
+        return {"model": name, "method": decoder.method, "k": decoder.k, "methods": list(METHODS),
+                "backend": decoder.backend_kind, "precision": decoder.precision, "device": str(decoder.device),
+                "max_tokens_limit": max_tokens_limit, "draft_model": decoder.draft is not None}
+
+    @app.post("/v1/quickdraft/steps")
+    async def steps(body: ChatCompletionRequest, request: Request) -> Response:
+        """A chat request answered as a stream of its target passes (the playground's view): an SSE
+        `step` event per pass with the step's record, then `done` with the text and the stats."""
+        return await answer(body, await chat_prompt(body), chat=True, request=request, steps=True)
+
+    @app.get("/")
+    async def playground() -> Response:
+        return FileResponse(PLAYGROUND / "playground.html", media_type="text/html")
+
+    @app.get("/playground/{name}")
+    async def playground_file(name: str) -> Response:
+        if name not in PLAYGROUND_FILES:
+            raise ApiError(404, f"no such file: {name}", kind="not_found_error")
+        return FileResponse(PLAYGROUND / name, media_type=PLAYGROUND_FILES[name])
+
+    async def chat_prompt(body: ChatCompletionRequest) -> list[int]:
+        """The chat messages checked and tokenized with the target's chat template."""
         problem = next(filter(None, (m.problem() for m in body.messages)), None)
         if problem:
             raise ApiError(400, problem, param="messages")
@@ -151,10 +181,9 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
         if sum(len(m["content"]) for m in messages) > max_prompt_chars:
             raise _too_long("the messages", decoder.context_length, "messages")
         try:
-            prompt_ids = await asyncio.to_thread(decoder.encode_chat, messages)
+            return await asyncio.to_thread(decoder.encode_chat, messages)
         except QuickdraftError as error:
             raise ApiError(400, str(error), param="messages") from error
-        return await answer(body, prompt_ids, chat=True, request=request)
 
     def token_logprobs(entries: list[TokenLogprob] | None, chat: bool, offset: int = 0) -> dict | None:
         """The OpenAI logprobs object of some emitted tokens (None when not asked for)."""
@@ -164,10 +193,11 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
         return logprobs_body([(text([e.token]), e.logprob, [(text([t]), lp) for t, lp in e.top]) for e in entries],
                              chat, offset)
 
-    async def answer(body: SamplingRequest, prompt_ids: list[int], chat: bool, request: Request) -> Response:
+    async def answer(body: SamplingRequest, prompt_ids: list[int], chat: bool, request: Request,
+                     steps: bool = False) -> Response:
         endpoint = request.scope["route"].path
         arrived = time.perf_counter()
-        job, events = _job(body, prompt_ids, chat)
+        job, events = _job(body, prompt_ids, chat, steps)
         try:
             scheduler.submit(job)
         except QueueFull as error:
@@ -176,6 +206,9 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
             raise ApiError(503, str(error), kind="server_error") from error
         metrics.prompt_tokens.inc(len(prompt_ids))
         request_id = new_id("chatcmpl" if chat else "cmpl")
+        if steps:
+            count(request, 200)
+            return StreamingResponse(_steps(job, events, endpoint, arrived), media_type="text/event-stream")
         if body.stream:
             count(request, 200)
             return StreamingResponse(_stream(job, events, request_id, body, chat, endpoint, arrived),
@@ -247,7 +280,37 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
         finally:
             job.cancelled.set()  # client gone mid-stream: the scheduler drops it at the next step
 
-    def _job(body: SamplingRequest, prompt_ids: list[int], chat: bool) -> tuple[Job, asyncio.Queue]:
+    async def _steps(job: Job, events: asyncio.Queue, endpoint: str, arrived: float) -> AsyncIterator[str]:
+        """SSE: `step` per target pass (StepRecord's fields, the tokens' text, the text now final),
+        then `done` (the whole text and the stats) or `error`."""
+        text = decoder.decode
+        try:
+            while True:
+                kind, payload = await events.get()
+                if kind == "error":
+                    message, status = payload
+                    yield _sse(error_body(message, "server_error" if status >= 500 else "invalid_request_error"),
+                               "error")
+                    break
+                if kind == "step":
+                    final, _, record = payload
+                    yield _sse({"k": record.k, "draft_tokens": record.draft_tokens,
+                                "draft_texts": [text([t]) for t in record.draft_tokens], "accepted": record.accepted,
+                                "accepted_texts": [text([t]) for t in record.emitted[: record.accepted]],
+                                "next_token": record.next_token, "next_text": text([record.next_token]),
+                                "bonus": record.bonus, "emitted": record.emitted, "tree": record.tree_depth is not None,
+                                "text": final, "draft_ms": 1000 * record.draft_time,
+                                "verify_ms": 1000 * record.verify_time}, "step")
+                    continue
+                output, served_by = payload
+                yield _sse({"text": output.text, "finish_reason": FINISH_REASONS.get(output.finish_reason),
+                            "quickdraft": _stats(output, served_by)}, "done")
+                metrics.latency.labels(endpoint).observe(time.perf_counter() - arrived)
+                break
+        finally:
+            job.cancelled.set()
+
+    def _job(body: SamplingRequest, prompt_ids: list[int], chat: bool, steps: bool = False) -> tuple[Job, asyncio.Queue]:
         """Validate the request against this server and build its Job with callbacks into a queue."""
         if body.model != name:
             raise ApiError(404, f"the model {body.model!r} does not exist; this server has {name!r}",
@@ -297,7 +360,9 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
             # Wake the event loop only when there is news: the first step, then for streams each
             # step that made text or log-probabilities.
             nonlocal reported
-            if not reported or (body.stream and (text or record.logprobs)):
+            if steps:  # every pass, news or not
+                put("step", (text, record.logprobs, record))
+            elif not reported or (body.stream and (text or record.logprobs)):
                 reported = True
                 put("step", (text, record.logprobs))
 
@@ -359,5 +424,5 @@ def _stats(output: GenerationOutput, served_by: Decoder) -> dict:
             "tokens_per_second": s.tokens_per_second, "finish_reason": s.finish_reason}
 
 
-def _sse(body: dict) -> str:
-    return f"data: {json.dumps(body)}\n\n"
+def _sse(body: dict, event: str | None = None) -> str:
+    return (f"event: {event}\n" if event else "") + f"data: {json.dumps(body)}\n\n"

@@ -18,7 +18,8 @@ Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-OPEN_PATHS = ("/health",)  # answered without an API key (load balancers, probes)
+# Answered without an API key: probes, and the playground's static files (the page asks for the key).
+OPEN_PATHS = ("/health", "/", "/playground/playground.js", "/playground/playground.css")
 
 
 def allowed_hosts(bound: str, extra: list[str] = ()) -> tuple[str, ...] | None:
