@@ -19,6 +19,7 @@ from quickdraft.backends.select import (
     make_backend,
     resolve_device,
     resolve_kind,
+    static_supports,
 )
 from quickdraft.calibrate import calibrate_self_spec
 from quickdraft.draft_length import PassCosts, make_draft_length, prior_slope
@@ -26,7 +27,6 @@ from quickdraft.engine import Generation, prefill
 from quickdraft.errors import QuickdraftError
 from quickdraft.methods import MethodConfig, Parts, configure
 from quickdraft.models.loading import LoadedModel, ModelSource, check_same_vocabulary, load_model
-from quickdraft.models.native import supports
 from quickdraft.options import MODEL_OPTIONS
 from quickdraft.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
 from quickdraft.stats import Stats, StepRecord
@@ -103,7 +103,7 @@ class Decoder:
             kind, precision = self.backend_kind, self.precision
             if kind == LLAMA_CPP and loaded.gguf is None:  # a draft model that is not a GGUF file runs natively
                 kind, precision = "auto", default_precision(self.device)
-            if kind == STATIC and not supports(loaded.model):  # a draft model of another architecture
+            if kind == STATIC and not static_supports(loaded.model):  # a draft model of another architecture
                 kind = "hf"
             return make_backend(loaded, kind, precision, str(self.device), layers, measure_shapes, cache_dir)
 

@@ -156,3 +156,58 @@ def test_unpacked_weights_compute_the_same_logits():
     tokens = [5, 9, 2, 7, 1, 3, 8, 4]
     assert torch.allclose(packed.forward(tokens), plain.forward(tokens), atol=1e-4)
     assert torch.allclose(packed.forward([6]), plain.forward([6]), atol=1e-4)
+
+
+def tiny_gemma3(seed: int = 0):
+    """A small Gemma 3 with sliding layers (window 6) around a full one, norms away from their zero start."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=6,
+                              max_position_embeddings=128, query_pre_attn_scalar=8,
+                              layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                           "sliding_attention"], bos_token_id=None, eos_token_id=None,
+                              pad_token_id=None)
+    torch.manual_seed(seed)  # test-only: reproducible random weights
+    model = Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    return model
+
+
+def test_gemma3_logits_equal_transformers_across_the_sliding_window():
+    model = tiny_gemma3()
+    tokens = [(7 * i + 3) % 64 for i in range(20)]
+    with torch.no_grad():
+        reference = model(torch.tensor([tokens])).logits[0]  # [20, V]
+    seq = native(model)
+    got = torch.cat([seq.forward(tokens[:9]), seq.forward(tokens[9:12]), seq.forward(tokens[12:])])
+    assert torch.allclose(got, reference, atol=1e-4)
+    seq.truncate(10)  # roll back past the window edge and go again
+    assert torch.allclose(seq.forward(tokens[10:]), reference[10:], atol=1e-4)
+
+
+def test_gemma3_speculation_equals_plain_greedy_and_transformers():
+    model = tiny_gemma3()
+    target = LoadedModel(model, None, "gemma")
+    plain = Decoder(target, None, "none", measure_shapes=False)
+    assert plain.backend_kind == "native"
+    prompt = [5, 9, 9, 2, 7, 1, 5, 9]
+    reference = plain.generate(prompt, max_new_tokens=30).token_ids
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=30, min_new_tokens=30, do_sample=False)
+    assert reference == out[0, len(prompt):].tolist()
+    for method, options in (("prompt-lookup", {"draft_length": "fixed"}), ("lookahead", {}), ("self-spec", {"layers": 2})):
+        spec = Decoder(target, None, method, 4, measure_shapes=False, **options)
+        assert spec.generate(prompt, max_new_tokens=30).token_ids == reference, method
+
+
+def test_gemma3_below_fp32_and_on_the_static_backend_is_refused_or_goes_to_transformers():
+    model = tiny_gemma3()
+    with pytest.raises(QuickdraftError, match="Gemma 3 runs on the native backend at fp32"):
+        Decoder(LoadedModel(model, None, "gemma"), None, "none", backend="native", precision="bf16",
+                measure_shapes=False)
+    with pytest.raises(QuickdraftError, match="static backend supports"):
+        Decoder(LoadedModel(model, None, "gemma"), None, "none", backend="static", measure_shapes=False)
+    assert supports(model) and supports(model, "fp32") and not supports(model, "bf16")

@@ -8,6 +8,8 @@ Ragged by design: each sequence has its own length, positions and mask; nothing 
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
@@ -45,6 +47,10 @@ class NativeBackend:
         self.precision = weights.precision
         self.rotary = RotaryTable(weights.inv_freq, weights.rope_scale, weights.max_length, weights.dtype,
                                   self.device)
+        # Gemma 3's sliding layers rotate with their own base: one table per schedule, the first the main one.
+        self.rotaries = [self.rotary] + [RotaryTable(f, 1.0, weights.max_length, weights.dtype, self.device)
+                                         for f in (weights.inv_freqs or [])[1:]]
+        self._windows = any(layer.window for layer in weights.layers)
         # Below fp32 attention is row-invariant: keys in fp32 buckets, values with a ones column.
         self._row_invariant = weights.dtype != torch.float32
 
@@ -61,25 +67,35 @@ class NativeBackend:
             if not isinstance(p.cache, KVCache) or p.cache.layers != len(self.layer_ids):
                 raise ValueError("a cache from another backend was passed to this one")
         w = self.weights
-        prepared = [self._prepare(p) for p in passes]  # (cos, sin, attention) each
+        prepared = [self._prepare(p) for p in passes]  # (rotations: (cos, sin) per table, attention) each
         sizes = [len(p.tokens) for p in passes]
         q_size, kv_size = w.heads * w.head_dim, w.kv_heads * w.head_dim
         ids = torch.tensor([t for p in passes for t in p.tokens], dtype=torch.long, device=self.device)
         x = w.embed[ids]  # [N, hidden]
+        if w.embed_scale != 1.0:  # Gemma: embeddings times sqrt(hidden), the factor in the weights' dtype
+            x = x * torch.tensor(w.embed_scale, dtype=x.dtype)
+        act = F.silu if w.activation == "silu" else partial(F.gelu, approximate="tanh")
         for slot, layer_id in enumerate(self.layer_ids):
             layer = w.layers[layer_id]
             qkv = self._linear(layer.qkv, rms_norm(x, layer.input_norm, w.eps))  # [N, (H + 2 KV) D]
             outputs = []
-            for p, (cos, sin, attention), rows in zip(passes, prepared, qkv.split(sizes)):
+            for p, (rotations, attention), rows in zip(passes, prepared, qkv.split(sizes)):
                 n = rows.shape[0]
+                qk = rows[:, : q_size + kv_size].view(n, w.heads + w.kv_heads, w.head_dim)  # [n, H + KV, D]
+                if layer.q_norm is not None:  # Gemma: each head's q and k normed before rotating
+                    qk = torch.cat([rms_norm(qk[:, : w.heads], layer.q_norm, w.eps),
+                                    rms_norm(qk[:, w.heads :], layer.k_norm, w.eps)], dim=1)
                 # q and k rotate together: one set of operations for both.
-                qk = rotate(rows[:, : q_size + kv_size].view(n, w.heads + w.kv_heads, w.head_dim).transpose(0, 1),
-                            cos, sin)  # [H + KV, n, D]
+                qk = rotate(qk.transpose(0, 1), *rotations[layer.rotary])  # [H + KV, n, D]
                 v = rows[:, q_size + kv_size :].view(n, w.kv_heads, w.head_dim).transpose(0, 1)  # [KV, n, D]
-                outputs.append(self._attend(p.cache, slot, qk[: w.heads], qk[w.heads :], v, attention))
-            x = x + self._linear(layer.o, torch.cat(outputs) if len(outputs) > 1 else outputs[0])
+                outputs.append(self._attend(p.cache, slot, qk[: w.heads], qk[w.heads :], v, attention, layer.window))
+            attended = self._linear(layer.o, torch.cat(outputs) if len(outputs) > 1 else outputs[0])
+            if layer.attn_out_norm is not None:
+                attended = rms_norm(attended, layer.attn_out_norm, w.eps)
+            x = x + attended
             gate, up = self._linear(layer.gate_up, rms_norm(x, layer.post_norm, w.eps)).chunk(2, dim=-1)  # [N, I]
-            x = x + self._linear(layer.down, F.silu(gate) * up)
+            mlp = self._linear(layer.down, act(gate) * up)
+            x = x + (mlp if layer.mlp_out_norm is None else rms_norm(mlp, layer.mlp_out_norm, w.eps))
         hidden, rows = [], []
         for p, part in zip(passes, x.split(sizes)):
             p.cache.advance(len(p.tokens))
@@ -94,30 +110,37 @@ class NativeBackend:
     def _linear(self, linear, x: torch.Tensor) -> torch.Tensor:
         return apply_linear(linear, x, self.plan.get(x.shape[0]))
 
-    def _prepare(self, p: SeqPass) -> tuple[torch.Tensor, torch.Tensor, Attention]:
-        """Cache room, then rotary rows [n, D] x2 and what attention needs (see Attention)."""
+    def _prepare(self, p: SeqPass) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], Attention]:
+        """Cache room, then rotary rows (cos, sin [n, D]) per table and what attention needs (see Attention)."""
         n, start = len(p.tokens), p.cache.length
         p.cache.reserve(start + n)
         positions = list(range(start, start + n)) if p.positions is None else p.positions
         position_ids = torch.tensor(positions, dtype=torch.long, device=self.device)  # [n]
-        cos, sin = self.rotary.at(position_ids, max(positions) + 1)
+        rotations = [table.at(position_ids, max(positions) + 1) for table in self.rotaries]
         if self._row_invariant:
-            return cos, sin, Attention(None, row_groups(start, n, p.mask, self.max_length, self.device))
+            return rotations, Attention(None, row_groups(start, n, p.mask, self.max_length, self.device))
         mask = p.mask
-        if mask is None and n > 1:  # causal: token i sees the cache and the new tokens up to itself
+        if mask is None and (n > 1 or self._windows):  # causal: token i sees the cache and the new tokens up to itself
             mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(diagonal=start)
-        return cos, sin, Attention(None if mask is None else mask[None, None], [])
+        window_mask = None
+        if self._windows:  # a sliding layer's row sees keys less than its window behind it (by position)
+            window = next(layer.window for layer in self.weights.layers if layer.window)
+            keys = torch.cat([torch.arange(start, device=self.device), position_ids])  # committed entries sit at their positions
+            window_mask = (mask & (position_ids[:, None] - keys[None] < window))[None, None]
+        return rotations, Attention(None if mask is None else mask[None, None], [], window_mask)
 
     def _attend(self, cache: KVCache, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                attention: Attention) -> torch.Tensor:
-        """Write k, v [KV, n, D] after the cache's entries, attend with q [H, n, D] -> [n, H * D]."""
+                attention: Attention, window: int | None = None) -> torch.Tensor:
+        """Write k, v [KV, n, D] after the cache's entries, attend with q [H, n, D] -> [n, H * D]
+        (window: a sliding layer's, whose rows see only the keys within it)."""
         w, n = self.weights, q.shape[1]
         cache.write(slot, k, v)
         if not attention.groups:
             end = cache.length + n
             keys, values = cache.keys[slot, :, :end], cache.values[slot, :, :end]  # [KV, end, D]
             attn = F.scaled_dot_product_attention(q[None], keys[None].to(q.dtype), values[None].to(q.dtype),
-                                                  attn_mask=attention.mask,
+                                                  attn_mask=attention.window_mask if window else attention.mask,
+                                                  scale=w.attn_scale,
                                                   enable_gqa=w.heads != w.kv_heads)[0]  # [H, n, D]
         else:
             parts = [row_invariant_attention(q[:, g.rows], *_group_keys(cache, slot, g), g.hidden)

@@ -23,7 +23,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.models.gguf_blocks import cached_int4_blocks
 from quickdraft.models.layer_subset import layer_subset_model
 from quickdraft.models.loading import LoadedModel, default_cache_dir, file_key
-from quickdraft.models.native import SUPPORTED_ARCHITECTURES, NativeWeights, supports
+from quickdraft.models.native import GEMMA3, SUPPORTED_ARCHITECTURES, NativeWeights, supports
 from quickdraft.models.precision import PRECISIONS, get_precision
 
 LLAMA_CPP = "llama.cpp"
@@ -95,11 +95,12 @@ def resolve_kind(loaded: LoadedModel, kind: str, precision: str | None, device: 
     else hf."""
     check_backend_kind(kind)
     device = resolve_device(device)
-    if kind == STATIC or (kind == "auto" and device.type == "cuda" and supports(loaded.model)
+    if kind == STATIC or (kind == "auto" and device.type == "cuda" and static_supports(loaded.model)
                           and precision in (None, "fp32", "bf16")):
         check_precision(precision or default_precision(device), STATIC)
-        if not supports(loaded.model):
-            raise QuickdraftError(f"the static backend supports {', '.join(SUPPORTED_ARCHITECTURES)}; "
+        if not static_supports(loaded.model):
+            raise QuickdraftError(f"the static backend supports "
+                                  f"{', '.join(a for a in SUPPORTED_ARCHITECTURES if a != GEMMA3)}; "
                                   f"{loaded.name!r} is {loaded.model.config.model_type!r}")
         return STATIC
     if kind == LLAMA_CPP or precision == GGUF:
@@ -113,7 +114,12 @@ def resolve_kind(loaded: LoadedModel, kind: str, precision: str | None, device: 
             loaded.backends[key] = _llama_cpp_faster(loaded, device, cache_dir)
         if loaded.backends[key]:
             return LLAMA_CPP
-    return "native" if uses_native(loaded, kind) else "hf"
+    return "native" if uses_native(loaded, kind, precision or default_precision(device)) else "hf"
+
+
+def static_supports(model) -> bool:
+    """The static backend: the native architectures but Gemma 3 (its fixed-shape attention has no windows yet)."""
+    return supports(model) and model.config.model_type != GEMMA3
 
 
 def _llama_cpp_faster(loaded: LoadedModel, device: torch.device, cache_dir: str | os.PathLike | None) -> bool:
@@ -129,13 +135,13 @@ def _llama_cpp_faster(loaded: LoadedModel, device: torch.device, cache_dir: str 
                                   "precision": default_precision(device)}, compare)
 
 
-def uses_native(loaded: LoadedModel, kind: str) -> bool:
-    """auto: native when the architecture is supported; native: required; hf: never."""
+def uses_native(loaded: LoadedModel, kind: str, precision: str | None = None) -> bool:
+    """auto: native when the architecture is supported (at `precision`); native: required; hf: never."""
     check_backend_kind(kind)
     if kind == "native" and not supports(loaded.model):
         raise QuickdraftError(f"the native backend supports {', '.join(SUPPORTED_ARCHITECTURES)}; "
                               f"{loaded.name!r} is {loaded.model.config.model_type!r} (use backend='hf')")
-    return kind == "native" or (kind == "auto" and supports(loaded.model))
+    return kind == "native" or (kind == "auto" and supports(loaded.model, precision))
 
 
 def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32", device: str = "cpu",
@@ -150,7 +156,7 @@ def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32
         return _llama_cpp_backend(loaded, device, layers, measure, cache_dir)
     if kind == STATIC:
         return _static_backend(loaded, precision, device, layers, measure, cache_dir)
-    native = uses_native(loaded, kind)
+    native = uses_native(loaded, kind, precision)
     key = ("native" if native else "hf", precision, str(device), tuple(layers) if layers else None, measure)
     if key in loaded.backends:
         return loaded.backends[key]
@@ -239,4 +245,5 @@ def native_weights(loaded: LoadedModel, precision: str, device: torch.device,
 
 
 __all__ = ["BACKENDS", "DEVICES", "GGUF", "LLAMA_CPP", "PRECISIONS", "STATIC", "check_backend_kind", "check_precision",
-           "default_precision", "make_backend", "native_weights", "resolve_device", "resolve_kind", "uses_native"]
+           "default_precision", "make_backend", "native_weights", "resolve_device", "resolve_kind", "static_supports",
+           "uses_native"]

@@ -23,7 +23,10 @@ from quickdraft.models.quantized_linear import Int4Linear, Int8Linear, quantized
 
 Linear = PackedLinear | ColumnLinear | Int8Linear | Int4Linear
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma3_text")
+GEMMA3 = "gemma3_text"  # Gemma 3: (1 + w) norms, q/k norms, norms after attention and MLP, a scaled
+# embedding, GELU, sliding-window layers with their own rotary base; fp32 only for now (below fp32
+# the native backend's row-invariant attention has no windows yet)
 
 
 @dataclass
@@ -31,9 +34,17 @@ class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
     qkv: Linear  # [(heads + 2 * kv_heads) * head_dim, hidden]: q, k, v fused (+ Qwen2's biases)
     o: Linear  # [hidden, heads * head_dim]
-    post_norm: torch.Tensor  # [hidden]
+    post_norm: torch.Tensor  # [hidden]: the norm before the MLP
     gate_up: Linear  # [2 * intermediate, hidden]: gate and up projections fused
     down: Linear  # [hidden, intermediate]
+    # Gemma 3 (None elsewhere): norms of q and k per head [head_dim], of the attention's and the
+    # MLP's outputs [hidden]; the window of a sliding-attention layer; which rotary table it uses.
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    attn_out_norm: torch.Tensor | None = None
+    mlp_out_norm: torch.Tensor | None = None
+    window: int | None = None
+    rotary: int = 0  # index into NativeWeights.inv_freqs
 
 
 @dataclass
@@ -53,6 +64,10 @@ class NativeWeights:
     max_length: int
     dtype: torch.dtype  # of activations, norms and the KV cache
     precision: str = "fp32"
+    embed_scale: float = 1.0  # Gemma 3 multiplies embeddings by sqrt(hidden)
+    activation: str = "silu"  # or "gelu_tanh" (Gemma 3)
+    attn_scale: float | None = None  # softmax scale (None: head_dim ** -0.5)
+    inv_freqs: list[torch.Tensor] | None = None  # more rotary schedules (Gemma 3's local layers): index 1, ...
 
     @property
     def device(self) -> torch.device:
@@ -104,22 +119,39 @@ class NativeWeights:
                 return quantized_linear(weight, bias, "int4", dtype, stack_int4(found))
             return quantized_linear(weight.float(), bias, requantize_as, dtype)
 
+        gemma = config.model_type == GEMMA3
+        if gemma and precision.name != "fp32":
+            raise QuickdraftError(f"Gemma 3 runs on the native backend at fp32 for now, not {precision.name} "
+                                  f"(backend='hf' runs it at any dtype transformers takes)")
+
+        def norm(module: torch.nn.Module) -> torch.Tensor:
+            # Gemma's norms scale by (1 + w), computed in fp32 as transformers does.
+            return cast(1.0 + module.weight.detach().float()) if gemma else cast(module.weight)
+
+        layer_types = getattr(config, "layer_types", None) if gemma else None
         layers = []
-        for layer in inner.layers:
+        for index, layer in enumerate(inner.layers):
             attn, mlp = layer.self_attn, layer.mlp
+            sliding = layer_types is not None and layer_types[index] == "sliding_attention"
             layers.append(LayerWeights(
-                input_norm=cast(layer.input_layernorm.weight),
+                input_norm=norm(layer.input_layernorm),
                 qkv=linear([attn.q_proj, attn.k_proj, attn.v_proj]),
                 o=linear([attn.o_proj]),
-                post_norm=cast(layer.post_attention_layernorm.weight),
+                post_norm=norm(layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm),
                 gate_up=linear([mlp.gate_proj, mlp.up_proj]),
                 down=linear([mlp.down_proj]),
+                q_norm=norm(attn.q_norm) if gemma else None,
+                k_norm=norm(attn.k_norm) if gemma else None,
+                attn_out_norm=norm(layer.post_attention_layernorm) if gemma else None,
+                mlp_out_norm=norm(layer.post_feedforward_layernorm) if gemma else None,
+                window=int(config.sliding_window) if sliding else None,
+                rotary=1 if sliding else 0,
             ))
         rotary = inner.rotary_emb
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         max_length = int(config.max_position_embeddings)
         window = getattr(config, "sliding_window", None)
-        if window and getattr(config, "use_sliding_window", True):
+        if window and getattr(config, "use_sliding_window", True) and not gemma:
             max_length = min(max_length, int(window))  # beyond the window the model attends differently
         embed = cast(inner.embed_tokens.weight)
         head = model.get_output_embeddings()
@@ -127,15 +159,30 @@ class NativeWeights:
         # The head's error goes straight into the logits: rounding it to 4 bits from scratch raised
         # the default target's KL from fp32 from 0.004 (int8 head) to 0.066, so it gets int8.
         lm_head = dense(embed, None) if tied else linear([head], requantize_as="int8")
+        if gemma:
+            full, local = rotary.full_attention_inv_freq, rotary.sliding_attention_inv_freq
+            return cls(embed, layers, norm(inner.norm), lm_head, full.detach().float(),
+                       float(rotary.full_attention_attention_scaling), float(config.rms_norm_eps),
+                       config.num_attention_heads, config.num_key_value_heads, head_dim, max_length, dtype,
+                       precision.name, embed_scale=float(config.hidden_size) ** 0.5, activation="gelu_tanh",
+                       attn_scale=float(config.query_pre_attn_scalar) ** -0.5,
+                       inv_freqs=[full.detach().float(), local.detach().float()])
         return cls(embed, layers, cast(inner.norm.weight), lm_head, rotary.inv_freq.detach().float(),
                    float(getattr(rotary, "attention_scaling", 1.0)), float(config.rms_norm_eps),
                    config.num_attention_heads, config.num_key_value_heads, head_dim, max_length, dtype,
                    precision.name)
 
 
-def supports(model: PreTrainedModel) -> bool:
-    """True for the architectures the native backend computes exactly like transformers."""
+def supports(model: PreTrainedModel, precision: str | None = None) -> bool:
+    """True for the architectures the native backend computes exactly like transformers (at
+    `precision`; None: at some precision)."""
     config = model.config
+    if getattr(config, "model_type", None) == GEMMA3:
+        return (getattr(config, "hidden_activation", None) == "gelu_pytorch_tanh"
+                and getattr(config, "final_logit_softcapping", None) is None
+                and getattr(config, "attn_logit_softcapping", None) is None
+                and not getattr(config, "use_bidirectional_attention", False)
+                and precision in (None, "fp32"))
     return (
         getattr(config, "model_type", None) in SUPPORTED_ARCHITECTURES
         and getattr(config, "hidden_act", "silu") == "silu"
@@ -161,6 +208,7 @@ class Attention:
 
     mask: torch.Tensor | None
     groups: list[RowGroup]
+    window_mask: torch.Tensor | None = None  # [1, 1, n, keys]: `mask` within a sliding layer's window (Gemma 3)
 
 
 KEY_BUCKET = 256  # keys are read in whole buckets of this many
