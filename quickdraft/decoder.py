@@ -26,7 +26,7 @@ from quickdraft.draft_length import PassCosts, make_draft_length, prior_slope
 from quickdraft.engine import Generation, prefill
 from quickdraft.errors import QuickdraftError
 from quickdraft.methods import MethodConfig, Parts, configure
-from quickdraft.models.loading import LoadedModel, ModelSource, check_same_vocabulary, load_model
+from quickdraft.models.loading import LoadedModel, ModelSource, load_model, same_vocabulary
 from quickdraft.options import MODEL_OPTIONS
 from quickdraft.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
 from quickdraft.stats import Stats, StepRecord
@@ -296,7 +296,7 @@ def load(
     draft_model = None
     if draft is not None:
         draft_model = load_model(draft, draft_tokenizer, cache_dir, dtype)
-        check_same_vocabulary(target_model, draft_model)
+        same_vocabulary(target_model, draft_model)  # refuses a pair whose tokens cannot be matched
     if options.get("layers") == "auto":
         settings = {name: value for name, value in options.items() if name in MODEL_OPTIONS}
         base = Decoder(target_model, draft_model, "none", cache_dir=cache_dir, measure_shapes=measure_shapes,

@@ -13,13 +13,14 @@ from typing import Any
 from quickdraft.analysis import tree_budget
 from quickdraft.backends.base import Backend
 from quickdraft.drafters import DraftModelDrafter, Drafter, LookaheadDrafter, NoDrafter, PromptLookupDrafter
+from quickdraft.drafters.cross_vocab import CrossVocabDrafter, VocabMap
 from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.medusa import MedusaDrafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.inference import for_drafting
 from quickdraft.heads.store import head_folder, load_head
 from quickdraft.models.layer_subset import decoder_layers, resolve_layers
-from quickdraft.models.loading import LoadedModel
+from quickdraft.models.loading import LoadedModel, same_vocabulary
 from quickdraft.options import OPTION, OPTIONS, checked, parse_spec
 
 
@@ -99,7 +100,15 @@ def configure(method: str | None, has_draft_model: bool, **settings: Any) -> Met
 
 
 def _build_draft(parts: Parts, config: MethodConfig) -> Drafter:
-    return DraftModelDrafter(parts.backend_for(parts.draft, None), config.confidence)
+    backend = parts.backend_for(parts.draft, None)
+    if same_vocabulary(parts.target, parts.draft):
+        return DraftModelDrafter(backend, config.confidence)
+    # Another tokenizer: draft over the tokens both vocabularies spell the same (built once per pair).
+    key = ("cross-vocab", id(parts.draft))
+    if key not in parts.target.heads:
+        parts.target.heads[key] = VocabMap.build(parts.target.tokenizer, parts.draft.tokenizer, backend.vocab_size)
+    return CrossVocabDrafter(backend, parts.draft.tokenizer, parts.target.heads[key],
+                             parts.target_backend.vocab_size, config.confidence)
 
 
 def default_self_spec_layers(target: LoadedModel) -> int:

@@ -191,23 +191,22 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
-    """Refuse a draft whose token ids do not mean what the target's mean."""
+def same_vocabulary(target: LoadedModel, draft: LoadedModel) -> bool:
+    """Whether the draft's token ids mean what the target's mean (else it drafts through the
+    vocabularies' intersection, drafters/cross_vocab.py); refuses a pair that cannot be matched."""
     target_size = target.model.get_output_embeddings().weight.shape[0]
     draft_size = draft.model.get_output_embeddings().weight.shape[0]
     if target.tokenizer is not None and draft.tokenizer is not None:
         if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
-            raise QuickdraftError(
-                f"draft {draft.name!r} uses a different tokenizer vocabulary than target "
-                f"{target.name!r} ({len(draft.tokenizer)} vs {len(target.tokenizer)} tokens)"
-            )
+            return False
         if draft_size > target_size:
             raise QuickdraftError(
                 f"draft {draft.name!r} has {draft_size} logits, more than the target's {target_size}"
             )
-        return
+        return True
     if draft_size != target_size:
         raise QuickdraftError(
             f"draft {draft.name!r} has a vocabulary of {draft_size} tokens, target "
-            f"{target.name!r} has {target_size}"
+            f"{target.name!r} has {target_size}, and without both tokenizers their tokens cannot be matched"
         )
+    return True
