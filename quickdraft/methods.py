@@ -20,7 +20,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.heads.inference import for_drafting
 from quickdraft.heads.store import head_folder, load_head
 from quickdraft.models.layer_subset import decoder_layers, resolve_layers
-from quickdraft.models.loading import LoadedModel
+from quickdraft.models.loading import LoadedModel, other_tokenizer
 from quickdraft.options import OPTION, OPTIONS, checked, parse_spec
 
 
@@ -101,8 +101,7 @@ def configure(method: str | None, has_draft_model: bool, **settings: Any) -> Met
 
 def _build_draft(parts: Parts, config: MethodConfig) -> Drafter:
     backend = parts.backend_for(parts.draft, None)
-    target_tokens, draft_tokens = parts.target.tokenizer, parts.draft.tokenizer
-    if target_tokens is None or draft_tokens is None or target_tokens.get_vocab() == draft_tokens.get_vocab():
+    if not other_tokenizer(parts.target, parts.draft):
         return DraftModelDrafter(backend, config.confidence)  # the same ids (load() checked the sizes)
     # Another tokenizer: draft over the tokens both vocabularies spell the same (built once per pair).
     key = ("cross-vocab", id(parts.draft))

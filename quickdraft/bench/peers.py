@@ -11,7 +11,7 @@ import torch
 
 from quickdraft.bench.contenders import BASELINE, RunRecord
 from quickdraft.models.layer_subset import decoder_layers
-from quickdraft.models.loading import LoadedModel, same_vocabulary
+from quickdraft.models.loading import LoadedModel, other_tokenizer
 
 PROMPT_LOOKUP_TOKENS = 10  # what transformers' docs and llama-cpp-python's examples use
 
@@ -52,7 +52,7 @@ def transformers_peers(target: LoadedModel, draft: LoadedModel | None, eos_ids: 
         TransformersGenerate(f"transformers assistant_early_exit={layers}", target, eos_ids,
                              assistant_early_exit=layers),
     ]
-    if draft is not None and same_vocabulary(target, draft):
+    if draft is not None and not other_tokenizer(target, draft):
         peers.append(TransformersGenerate("transformers assistant_model", target, eos_ids,
                                           assistant_model=draft.model))
     elif draft is not None:  # another tokenizer: transformers' universal assisted generation re-tokenizes the draft's text

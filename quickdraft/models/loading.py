@@ -191,14 +191,21 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def other_tokenizer(target: LoadedModel, draft: LoadedModel) -> bool:
+    """Whether both models have tokenizers and their vocabularies differ (drafts then go through
+    the vocabularies' intersection, drafters/cross_vocab.py)."""
+    return (target.tokenizer is not None and draft.tokenizer is not None
+            and target.tokenizer.get_vocab() != draft.tokenizer.get_vocab())
+
+
 def same_vocabulary(target: LoadedModel, draft: LoadedModel) -> bool:
     """Whether the draft's token ids mean what the target's mean (else it drafts through the
     vocabularies' intersection, drafters/cross_vocab.py); refuses a pair that cannot be matched."""
     target_size = target.model.get_output_embeddings().weight.shape[0]
     draft_size = draft.model.get_output_embeddings().weight.shape[0]
+    if other_tokenizer(target, draft):
+        return False
     if target.tokenizer is not None and draft.tokenizer is not None:
-        if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
-            return False
         if draft_size > target_size:
             raise QuickdraftError(
                 f"draft {draft.name!r} has {draft_size} logits, more than the target's {target_size}"
