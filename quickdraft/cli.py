@@ -1,10 +1,12 @@
-"""`quickdraft generate | bench | serve | analyze`: speculative decoding from the command line."""
+"""`quickdraft generate | bench | serve | train | export-head | plan | analyze`: speculative decoding from
+the command line."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -95,8 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: OUTPUT/cache)")
     train.add_argument("--distill", type=int, metavar="TOKENS",
                        help="replace responses by the target's own greedy ones, up to TOKENS tokens")
-    train.add_argument("--distill-examples", type=int, metavar="N",
-                       help="with --distill: only the first N examples of each file (the rest keep their text)")
+    train.add_argument("--distill-examples", type=int, metavar="N", nargs="+",
+                       help="with --distill: only the first N examples of each file (the rest keep their "
+                            "text); one N, or one per --data file")
+    train.add_argument("--eagle", type=int, choices=[1, 3], default=3,
+                       help="eagle: 3 fuses low, middle and high target layers and trains unrolled (default); "
+                            "1 reads the last hidden state")
+    train.add_argument("--unroll", type=int, default=4, help="eagle 3: steps unrolled on the head's own outputs")
+    train.add_argument("--context", type=int, default=128, help="eagle 3: prompt tokens kept before a response")
     train.add_argument("--heads", type=int, default=3, help="medusa: number of heads")
     train.add_argument("--steps", type=int, default=2000)
     train.add_argument("--positions", type=int, default=256, help="medusa: sampled positions per step")
@@ -104,9 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--window", type=int, default=256, help="eagle: longest stretch of a sequence per step")
     train.add_argument("--vocab", type=int, default=8192, help="draft vocabulary: most frequent response tokens")
     train.add_argument("--lr", type=float, default=1e-3)
-    train.add_argument("--max-examples", type=int, help="use the first N examples of each file")
+    train.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
+                       help="learning rate over the steps: constant, or cosine (warm-up, then down to a tenth)")
+    train.add_argument("--max-examples", type=int, nargs="+", metavar="N",
+                       help="use the first N examples of each file (one N, or one per --data file)")
     train.add_argument("--max-tokens", type=int, default=512, help="tokens per example (prompt + response)")
     train.add_argument("--threads", type=int, help="CPU threads for torch and the llama.cpp backend (default: torch's choice)")
+
+    export = commands.add_parser("export-head", help="write an EAGLE-3 head as a vLLM or SGLang draft model")
+    export.add_argument("--head", type=Path,
+                        help="folder of an EAGLE-3 head (default: the eagle head shipped for the target)")
+    export.add_argument("--target", help="hub id, folder or .gguf file the head was trained for (default: the "
+                        "embedded SmolLM2-135M-Instruct); only its config or GGUF header is read")
+    export.add_argument("--format", required=True, metavar="{vllm,sglang}", help="the engine whose layout to write")
+    export.add_argument("--output", type=Path, required=True, help="folder for config.json and model.safetensors")
 
     plan = commands.add_parser("plan", help="will the target, the draft and the caches fit? (reads config or GGUF "
                                "headers; loads no weights)")
@@ -188,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args)
         if args.command == "plan":
             return _plan(args)
+        if args.command == "export-head":
+            return _export_head(args)
         return _generate(args)
     except QuickdraftError as error:
         print(f"quickdraft: error: {error}", file=sys.stderr)
@@ -223,6 +244,46 @@ def _plan(args: argparse.Namespace) -> int:
     return 0 if fits else 1
 
 
+def _export_head(args: argparse.Namespace) -> int:
+    """Export an EAGLE-3 head (reads the target's sizes only) and print how to serve it."""
+    from quickdraft.heads.export import check_format, export_head
+    from quickdraft.heads.store import SHIPPED
+    from quickdraft.memory import read_shape
+
+    check_format(args.format)
+    target = read_shape(args.target)
+    folder = args.head if args.head is not None else SHIPPED / target.name / "eagle"
+    if args.head is None and not folder.is_dir():
+        raise QuickdraftError(f"no eagle head is shipped for {target.name!r}; pass --head DIR")
+    output = export_head(folder, args.output, args.format, target)
+    print(f"wrote {output / 'config.json'} and {output / 'model.safetensors'}: the EAGLE-3 head in {folder} "
+          f"as a {args.format} draft model for {target.name}")
+    print("\n".join(serve_commands(args.target or DEFAULT_HUB_ID, output.resolve(), args.format)))
+    return 0
+
+
+DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded default target's own weights
+ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+def serve_commands(target: str, output: Path, fmt: str) -> list[str]:
+    """How to serve `target` with the draft model in `output` (fmt's layout), and with the other engine."""
+    other = "sglang" if fmt == "vllm" else "vllm"
+    return [f"serve it with {ENGINES[fmt]}:", "  " + serve_command(fmt, target, str(output)),
+            f"for {ENGINES[other]}, export again with --format {other} --output OUT (the engines number the "
+            "fused target layers differently), then:", "  " + serve_command(other, target, "OUT")]
+
+
+def serve_command(fmt: str, target: str, draft: str) -> str:
+    """The vLLM or SGLang command line serving `target` with the EAGLE-3 draft model in `draft`."""
+    if fmt == "vllm":
+        spec = json.dumps({"method": "eagle3", "model": draft, "num_speculative_tokens": 3})
+        return f"vllm serve {shlex.quote(target)} --speculative-config {shlex.quote(spec)}"
+    return (f"python -m sglang.launch_server --model-path {shlex.quote(target)} --speculative-algorithm EAGLE3 "
+            f"--speculative-draft-model-path {shlex.quote(draft)} --speculative-num-steps 3 "
+            "--speculative-eagle-topk 4 --speculative-num-draft-tokens 16")
+
+
 def _read_prompt(args: argparse.Namespace) -> str:
     if args.prompt is not None:
         return args.prompt
@@ -248,18 +309,27 @@ def _train(args: argparse.Namespace) -> int:
 
     _set_threads(args.threads)
     settings = TrainSettings(steps=args.steps, positions=args.positions, sequences=args.sequences,
-                             window=args.window, lr=args.lr, vocab=args.vocab)
-    for flag in ("steps", "positions", "sequences", "window", "vocab", "heads"):
+                             window=args.window, lr=args.lr, vocab=args.vocab, unroll=args.unroll,
+                             context=args.context, schedule=args.schedule)
+    for flag in ("steps", "positions", "sequences", "window", "vocab", "heads", "unroll"):
         if getattr(args, flag) < 1:
             raise QuickdraftError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
     result = train(args.kind, args.target, args.data, args.output, heads=args.heads,
-                   max_examples=args.max_examples, max_tokens=args.max_tokens, distill_tokens=args.distill,
-                   distill_examples=args.distill_examples, cache=args.cache, settings=settings)
+                   max_examples=_one_or_each(args.max_examples), max_tokens=args.max_tokens,
+                   distill_tokens=args.distill,
+                   distill_examples=_one_or_each(args.distill_examples), cache=args.cache, settings=settings,
+                   eagle=args.eagle)
     top1 = ", ".join(f"{a:.1%}" for a in result["held_out_top1"])
-    print(f"trained a {args.kind} head for {result['target']} in {result['steps']} steps; held-out top-1 "
-          f"(teacher-forced) {top1}; draft vocabulary {result['draft_vocab']} tokens covering "
+    kind = "held-out top-1 (teacher-forced)" if len(result["held_out_top1"]) == 1 or args.kind == "medusa" else \
+        "held-out top-1 by draft depth"
+    print(f"trained a {args.kind} head for {result['target']} in {result['steps']} steps; {kind} {top1}; draft vocabulary {result['draft_vocab']} tokens covering "
           f"{result['draft_vocab_coverage']:.1%}; saved in {args.output}")
     return 0
+
+
+def _one_or_each(values: list[int] | None) -> int | list[int] | None:
+    """A flag given once applies to every file; given several times, one value per file."""
+    return values[0] if values is not None and len(values) == 1 else values
 
 
 def _bench(args: argparse.Namespace) -> int:

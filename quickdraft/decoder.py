@@ -25,7 +25,7 @@ from quickdraft.calibrate import calibrate_self_spec
 from quickdraft.draft_length import PassCosts, make_draft_length, prior_slope
 from quickdraft.engine import Generation, prefill
 from quickdraft.errors import QuickdraftError
-from quickdraft.methods import MethodConfig, Parts, configure
+from quickdraft.methods import MethodConfig, Parts, configure, reads_inner_layers
 from quickdraft.models.loading import LoadedModel, ModelSource, load_model, same_vocabulary
 from quickdraft.options import MODEL_OPTIONS
 from quickdraft.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
@@ -94,7 +94,7 @@ class Decoder:
             check_precision(config.precision, config.backend)
         # The backend that runs the target: "llama.cpp", "static", "native" or "hf" (auto resolved here).
         self.backend_kind = resolve_kind(target, config.backend, config.precision, self.device, measure_shapes,
-                                         cache_dir)
+                                         cache_dir, reads_inner_layers(target, config))
         self.precision = GGUF if self.backend_kind == LLAMA_CPP else config.precision or default_precision(self.device)
         check_precision(self.precision, self.backend_kind)
         self._cache_dir, self._measure = cache_dir, measure_shapes

@@ -212,7 +212,8 @@ def prefill(generations: list[Generation]) -> None:
     for target, group in _grouped(generations, lambda g: g.target):
         want = [g for g in group if g.prompt_length > 1]
         hidden = _isolated(want, lambda gs: [out.hidden for out in target.forward(
-            [SeqPass(g.cache, g.tokens[:-1], logits="none", hidden=g.drafter.needs_hidden) for g in gs])],
+            [SeqPass(g.cache, g.tokens[:-1], logits="none", hidden=g.drafter.needs_hidden, taps=g.drafter.taps)
+             for g in gs])],
             rewind=lambda g: g.cache.truncate(0))
         for g in group:
             g.prefilled = True
@@ -243,7 +244,7 @@ def step(generations: list[Generation]) -> list[StepRecord | None]:
         start = time.perf_counter()
         outputs.update(_isolated(group, lambda gs: target.forward(
             [SeqPass(g.cache, plans[id(g)].inputs, plans[id(g)].positions, plans[id(g)].mask,
-                     hidden=g.drafter.needs_hidden) for g in gs]),
+                     hidden=g.drafter.needs_hidden, taps=g.drafter.taps) for g in gs]),
             rewind=lambda g: g.cache.truncate(len(g.tokens) - 1)))  # the cache holds all but the newest token
         elapsed = time.perf_counter() - start
         for g in group:

@@ -19,6 +19,7 @@ from quickdraft.drafters.medusa import MedusaDrafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.inference import for_drafting
 from quickdraft.heads.store import head_folder, load_head
+from quickdraft.heads.train import read_config
 from quickdraft.models.layer_subset import decoder_layers, resolve_layers
 from quickdraft.models.loading import LoadedModel, other_tokenizer
 from quickdraft.options import OPTION, OPTIONS, checked, parse_spec
@@ -135,6 +136,14 @@ def shared_head(kind: str, parts: Parts, config: MethodConfig):
         # int8 drafting copies use PyTorch's CPU kernel; elsewhere the head runs as trained.
         parts.target.heads[key] = for_drafting(head) if device.type == "cpu" else head.to(device).eval()
     return parts.target.heads[key]
+
+
+def reads_inner_layers(target: LoadedModel, config: MethodConfig) -> bool:
+    """Whether the method drafts from the target's inner layers (an EAGLE-3 head), which the
+    llama.cpp backend does not return. Reads the head's config only."""
+    if config.method != "eagle":
+        return False
+    return "features" in read_config(head_folder("eagle", target, config.head))["layer"]
 
 
 def tree_nodes(parts: Parts, config: MethodConfig) -> int:

@@ -9,7 +9,7 @@ class FaultyDrafter:
 
     def __init__(self, inner, marked: int, stage: str) -> None:
         self.inner, self.marked, self.stage = inner, marked, stage
-        self.needs_hidden = inner.needs_hidden
+        self.needs_hidden, self.taps = inner.needs_hidden, inner.taps
 
     def _check(self, stage: str, tokens: list[int]) -> None:
         if stage == self.stage and tokens[0] == self.marked:

@@ -1,5 +1,6 @@
-"""EAGLE and Medusa drafters on tiny models with heads trained in the test: greedy output equals
-plain decoding, sampled output follows the target, heads are found and refused clearly."""
+"""EAGLE (1 and 3) and Medusa drafters on tiny models with heads trained in the test: greedy
+output equals plain decoding, sampled output follows the target, heads are found and refused
+clearly. "eagle3" below is method "eagle" with an EAGLE-3 head."""
 
 import pytest
 import torch
@@ -9,7 +10,9 @@ from quickdraft import Decoder
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.distill import regenerate
 from quickdraft.heads.features import extract_features, load_features
+from quickdraft.heads.eagle3 import Eagle3Config
 from quickdraft.heads.train import TrainSettings, train_eagle, train_medusa
+from quickdraft.heads.train_eagle3 import train_eagle3
 from quickdraft.sampling import SamplingParams, logits_to_probs
 from stats_util import chi_square_p_value
 
@@ -27,7 +30,16 @@ def train_heads(model, folder, vocab):
                  progress=False)
     settings = TrainSettings(steps=150, sequences=8, window=64, lr=3e-3, vocab=24)
     train_eagle(shards, lm_head, embed, model.config, folder / "eagle", settings, "t", progress=False)
+    config = Eagle3Config.from_target(model.config)
+    fused = load_features(extract_features(model, sequences, folder / "fused", progress=False, layers=config.features))
+    train_eagle3(fused, lm_head, model.model.norm.weight.detach(), embed, config, folder / "eagle3",
+                 TrainSettings(steps=150, sequences=8, window=64, lr=3e-3, vocab=24, unroll=3), "t", progress=False)
     return folder
+
+
+def method_of(head: str) -> str:
+    """The method that drafts with a head kind ("eagle3": an EAGLE-3 head, method "eagle")."""
+    return "eagle" if head == "eagle3" else head
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +48,11 @@ def heads(tiny_target, tmp_path_factory):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("method", ["medusa", "eagle"])
+@pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
 @pytest.mark.parametrize("k,top_k,nodes", [(1, 1, 1), (3, 2, 6), (5, 4, 16)])
 def test_head_drafters_greedy_equal_plain(tiny_target, heads, method, k, top_k, nodes, device):
     plain = Decoder(loaded(tiny_target, "t"), None, "none", device=device)
-    spec = Decoder(loaded(tiny_target, "t"), None, method, k, head=str(heads / method), tree_top_k=top_k,
+    spec = Decoder(loaded(tiny_target, "t"), None, method_of(method), k, head=str(heads / method), tree_top_k=top_k,
                    tree_nodes=nodes, device=device)
     accepted = 0
     for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [4]):
@@ -53,13 +65,14 @@ def test_head_drafters_greedy_equal_plain(tiny_target, heads, method, k, top_k, 
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("method", ["medusa", "eagle"])
+@pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
 def test_head_drafters_on_the_static_backend_greedy_equal_plain(tiny_target, heads, method, precision):
     """Fixed-shape passes (the CUDA-graph path, run here without graphs): trees of 16 nodes past
     the 64-token window, whose deeper nodes the engine cuts there, stay exact."""
     options = dict(backend="static", precision=precision, measure_shapes=False)
     plain = Decoder(loaded(tiny_target, "t"), None, "none", **options)
-    spec = Decoder(loaded(tiny_target, "t"), None, method, 4, head=str(heads / method), tree_nodes=16, **options)
+    spec = Decoder(loaded(tiny_target, "t"), None, method_of(method), 4, head=str(heads / method), tree_nodes=16,
+                   **options)
     accepted = 0
     for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9]):
         out = spec.generate(prompt, max_new_tokens=100)
@@ -76,8 +89,8 @@ def test_eagle_drafts_deeper_than_one_level_get_accepted(tiny_target, heads):
 
 def test_head_drafters_through_the_transformers_backend(tiny_target, heads):
     plain = Decoder(loaded(tiny_target, "t"), None, "none", backend="hf").generate([3, 1, 4, 1, 5], 30)
-    for method in ("medusa", "eagle"):
-        out = Decoder(loaded(tiny_target, "t"), None, method, 3, head=str(heads / method), backend="hf"
+    for method in ("medusa", "eagle", "eagle3"):
+        out = Decoder(loaded(tiny_target, "t"), None, method_of(method), 3, head=str(heads / method), backend="hf"
                       ).generate([3, 1, 4, 1, 5], 30)
         assert out.token_ids == plain.token_ids and out.stats.accepted_tokens > 0
 
@@ -111,6 +124,7 @@ def small(tmp_path_factory):
     ("medusa", SamplingParams(temperature=1.0)),
     ("eagle", SamplingParams(temperature=1.0)),
     ("eagle", SamplingParams(temperature=0.7, top_k=5, top_p=0.9)),
+    ("eagle3", SamplingParams(temperature=1.0)),
 ])
 def test_sampled_output_follows_the_target(small, method, params):
     model, folder = small
@@ -119,7 +133,8 @@ def test_sampled_output_follows_the_target(small, method, params):
         first = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], params)  # [V]
         second = logits_to_probs(model(torch.tensor([[*prompt, t] for t in range(VOCAB)])).logits[:, -1], params)
     expected = first[:, None] * second  # [V, V]: the first two tokens
-    decoder = Decoder(loaded(model, "t"), None, method, 3, head=str(folder / method), tree_top_k=2, tree_nodes=5)
+    decoder = Decoder(loaded(model, "t"), None, method_of(method), 3, head=str(folder / method), tree_top_k=2,
+                      tree_nodes=5)
     counts = torch.zeros(VOCAB, VOCAB)
     trees = 0
     for seed in range(RUNS):
@@ -131,7 +146,7 @@ def test_sampled_output_follows_the_target(small, method, params):
     assert chi_square_p_value(counts, expected) > 1e-3
 
 
-@pytest.mark.parametrize("method", ["medusa", "eagle"])
+@pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
 def test_batched_head_drafters_equal_each_alone(tiny_target, heads, method, precision):
     # In a batched pass every sequence's drafter gets its own rows of hidden states.
@@ -139,8 +154,10 @@ def test_batched_head_drafters_equal_each_alone(tiny_target, heads, method, prec
 
     from quickdraft.serve.scheduler import Scheduler
 
-    decoder = Decoder(loaded(tiny_target, "t"), None, method, 3, head=str(heads / method), precision=precision)
-    jobs = [(method, 3), ("none", None), (method, 2), ("prompt-lookup", None), (method, 4)]
+    decoder = Decoder(loaded(tiny_target, "t"), None, method_of(method), 3, head=str(heads / method),
+                      precision=precision)
+    name = method_of(method)
+    jobs = [(name, 3), ("none", None), (name, 2), ("prompt-lookup", None), (name, 4)]
     lengths = [20, 7, 25, 13, 30]
     scheduler = Scheduler(decoder, max_batch=3, max_queue=8)
     collectors = [Collector() for _ in PROMPTS]

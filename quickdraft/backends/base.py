@@ -42,7 +42,8 @@ class SeqPass:
     positions: each token's position (None: consecutive after the cache).
     mask: [n, cache.length + n] bool on the backend's device, True where a token may attend
     (None: causal). logits: which rows' logits come back ("none" for a prefill whose logits
-    nobody reads). hidden: also return the last hidden states [n, H] (after the final norm)."""
+    nobody reads). hidden: also return the last hidden states [n, H] (after the final norm), or
+    with taps, the inputs of those layers side by side [n, len(taps) H] (EAGLE-3's features)."""
 
     cache: Cache
     tokens: list[int]
@@ -50,12 +51,13 @@ class SeqPass:
     mask: torch.Tensor | None = None
     logits: LogitRows = "all"
     hidden: bool = False
+    taps: tuple[int, ...] = ()
 
 
 @dataclass
 class PassOutput:
     logits: torch.Tensor | None  # [rows, V] fp32 on the backend's device (rows: n, 1 or none)
-    hidden: torch.Tensor | None = None  # [n, H] fp32, when asked
+    hidden: torch.Tensor | None = None  # [n, H] or [n, len(taps) H] fp32, when asked
 
 
 class Backend(Protocol):
@@ -102,3 +104,14 @@ def causal_mask(cached: int, n: int, device: torch.device) -> torch.Tensor:
 def logit_rows(rows: torch.Tensor, which: LogitRows) -> torch.Tensor:
     """The rows [n, ...] a pass returns logits for."""
     return rows if which == "all" else rows[-1:] if which == "last" else rows[:0]
+
+
+def tapped_layers(passes: list[SeqPass], layers: list[int] | range) -> set[int]:
+    """The layers whose inputs some pass asked for (hidden with taps); a layer this backend does
+    not run is refused."""
+    wanted = {i for p in passes if p.hidden for i in p.taps}
+    missing = wanted - set(layers)
+    if missing:
+        raise ValueError(f"hidden states of layers {sorted(missing)} were asked for; this backend runs layers "
+                         f"{min(layers)}..{max(layers)}")
+    return wanted

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from quickdraft.backends.base import PassOutput, SeqPass, check_passes, logit_rows
+from quickdraft.backends.base import PassOutput, SeqPass, check_passes, logit_rows, tapped_layers
 
 PadPlan = dict[int, int]  # tokens in a pass -> tokens actually run (padding after them; measured faster)
 
@@ -65,6 +65,7 @@ class HFBackend:
     @torch.inference_mode()
     def forward(self, passes: list[SeqPass]) -> list[PassOutput]:
         check_passes(passes, self.max_length)
+        tapped_layers(passes, range(len(self.model.model.layers)))
         return [self._one(p) for p in passes]
 
     def _one(self, p: SeqPass) -> PassOutput:
@@ -90,8 +91,9 @@ class HFBackend:
         cache.length += len(tokens)
         cache.truncate(cache.length - (len(tokens) - n))  # drop the padding's entries
         logits = None if p.logits == "none" else logit_rows(out.logits[0, :n], p.logits).float()  # [rows, V]
-        # The last entry of hidden_states is after the final norm.
-        hidden = out.hidden_states[-1][0, :n].float() if p.hidden else None  # [n, H]
+        # The last entry of hidden_states is after the final norm; entry i < layers is layer i's input.
+        taps = [out.hidden_states[i][0, :n] for i in p.taps]
+        hidden = (torch.cat(taps, dim=-1) if taps else out.hidden_states[-1][0, :n]).float() if p.hidden else None
         return PassOutput(logits, hidden)
 
 

@@ -224,6 +224,9 @@ class LlamaCppBackend:
 
     def forward(self, passes: list[SeqPass]) -> list[PassOutput]:
         check_passes(passes, self.max_length)
+        if any(p.hidden and p.taps for p in passes):
+            raise ValueError("the llama.cpp backend returns the last hidden state only; EAGLE-3 heads need the "
+                             "inputs of inner layers: use backend='native' (or 'hf')")
         for p in passes:
             if not isinstance(p.cache, LlamaCppCache) or p.cache.backend is not self:
                 raise ValueError("a cache from another backend was passed to this one")

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from quickdraft.backends.base import PassOutput, SeqPass, check_passes, logit_rows
+from quickdraft.backends.base import PassOutput, SeqPass, check_passes, logit_rows, tapped_layers
 from quickdraft.backends.kv_cache import KVCache
 from quickdraft.models.linear import Kernel, apply_linear
 from quickdraft.models.native import (
@@ -75,8 +75,12 @@ class NativeBackend:
         if w.embed_scale != 1.0:  # Gemma: embeddings times sqrt(hidden), the factor in the weights' dtype
             x = x * torch.tensor(w.embed_scale, dtype=x.dtype)
         act = F.silu if w.activation == "silu" else partial(F.gelu, approximate="tanh")
+        wanted = tapped_layers(passes, self.layer_ids)
+        tapped: dict[int, torch.Tensor] = {}  # layer -> its input [N, hidden]
         for slot, layer_id in enumerate(self.layer_ids):
             layer = w.layers[layer_id]
+            if layer_id in wanted:
+                tapped[layer_id] = x
             qkv = self._linear(layer.qkv, rms_norm(x, layer.input_norm, w.eps))  # [N, (H + 2 KV) D]
             outputs = []
             for p, (rotations, attention), rows in zip(passes, prepared, qkv.split(sizes)):
@@ -97,10 +101,13 @@ class NativeBackend:
             mlp = self._linear(layer.down, act(gate) * up)
             x = x + (mlp if layer.mlp_out_norm is None else rms_norm(mlp, layer.mlp_out_norm, w.eps))
         hidden, rows = [], []
-        for p, part in zip(passes, x.split(sizes)):
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        for p, part, first in zip(passes, x.split(sizes), starts):
             p.cache.advance(len(p.tokens))
-            hidden.append(rms_norm(part, w.norm, w.eps))  # [n, hidden]
-            rows.append(logit_rows(hidden[-1], p.logits))
+            normed = rms_norm(part, w.norm, w.eps)  # [n, hidden]
+            rows.append(logit_rows(normed, p.logits))
+            taps = [tapped[i][first : first + len(p.tokens)] for i in p.taps] if p.hidden else []
+            hidden.append(torch.cat(taps, dim=-1) if taps else normed)  # [n, hidden] or [n, len(taps) hidden]
         counts = [r.shape[0] for r in rows]
         logits = self._linear(w.lm_head, torch.cat(rows)).float() if sum(counts) else None  # [rows, V]
         parts = logits.split(counts) if logits is not None else [None] * len(passes)

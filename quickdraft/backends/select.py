@@ -86,13 +86,15 @@ def check_llama_cpp(loaded: LoadedModel, device: torch.device) -> Path:
 
 
 def resolve_kind(loaded: LoadedModel, kind: str, precision: str | None, device: str | torch.device,
-                 measure: bool = True, cache_dir: str | os.PathLike | None = None) -> str:
+                 measure: bool = True, cache_dir: str | os.PathLike | None = None,
+                 inner_layers: bool = False) -> str:
     """Which backend runs `loaded`: "llama.cpp", "static", "native" or "hf". auto: on a CUDA device,
     static (fixed shapes, CUDA graphs) where the architecture is supported and the precision dense;
     llama.cpp for a GGUF target when llama-cpp-python is installed, no native precision was asked
     for, the device is the CPU and a one-token pass measured faster there than on the native backend
     (measured once per machine and file, cached); else native where the architecture is supported;
-    else hf."""
+    else hf. inner_layers: the method reads inner layers' states (EAGLE-3), which llama.cpp does
+    not return: auto passes it by, and asking for it is refused."""
     check_backend_kind(kind)
     device = resolve_device(device)
     if kind == STATIC or (kind == "auto" and device.type == "cuda" and static_supports(loaded.model)
@@ -104,11 +106,14 @@ def resolve_kind(loaded: LoadedModel, kind: str, precision: str | None, device: 
                                   f"{loaded.name!r} is {loaded.model.config.model_type!r}")
         return STATIC
     if kind == LLAMA_CPP or precision == GGUF:
+        if inner_layers:
+            raise QuickdraftError("this EAGLE-3 head drafts from the target's inner layers, which the llama.cpp "
+                                  "backend does not return; use backend='native' (or 'auto')")
         check_precision(precision or GGUF, kind)
         check_llama_cpp(loaded, device)
         return LLAMA_CPP
     if (kind == "auto" and precision is None and measure and loaded.gguf is not None and device.type == "cpu"
-            and llama_cpp_installed()):
+            and llama_cpp_installed() and not inner_layers):
         key = ("auto", str(device))
         if key not in loaded.backends:
             loaded.backends[key] = _llama_cpp_faster(loaded, device, cache_dir)

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from quickdraft.backends.base import PassOutput, SeqPass, check_passes
+from quickdraft.backends.base import PassOutput, SeqPass, check_passes, tapped_layers
 from quickdraft.models.native import NativeWeights, rms_norm
 from quickdraft.models.rotary import RotaryTable, rotate
 
@@ -105,7 +105,9 @@ class StaticBackend:
         self._free: list[int] = []
         self.keys = self.values = torch.empty(0)
         self._allocate(slots)
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, _Inputs, tuple[torch.Tensor, torch.Tensor]]] = {}
+        # (batch, span, taps) -> a captured graph, its input buffers and its outputs
+        self._graphs: dict[tuple[int, int, tuple[int, ...]],
+                           tuple[torch.cuda.CUDAGraph, _Inputs, tuple[torch.Tensor, torch.Tensor]]] = {}
         self._graph_pool = None
 
     # -- the pool -------------------------------------------------------------------------------
@@ -159,12 +161,18 @@ class StaticBackend:
             if p.cache.length + len(p.tokens) > p.cache.span:
                 p.cache.span = self.span_for(p.cache.length + len(p.tokens))
         m = self.rows
+        tapped_layers(passes, self.layer_ids)
+        asked = {p.taps for p in passes if p.hidden}
+        if len(asked) > 1:
+            raise ValueError(f"one pass of the static backend returns one kind of hidden state; asked for {asked}")
+        taps = asked.pop() if asked else ()
         parts = max(-(-len(p.tokens) // m) for p in passes)
         logits: list[list[torch.Tensor]] = [[] for _ in passes]
         hidden: list[list[torch.Tensor]] = [[] for _ in passes]
         for part in range(parts):  # a pass longer than `rows` runs in parts, every sequence's together
             active = [i for i, p in enumerate(passes) if part * m < len(p.tokens)]
-            out_logits, out_hidden = self._run(self._inputs([passes[i] for i in active], part))  # [B*M, V], [B*M, H]
+            # [B*M, V], [B*M, H] (or [B*M, len(taps) H])
+            out_logits, out_hidden = self._run(self._inputs([passes[i] for i in active], part), taps)
             for b, i in enumerate(active):
                 n = min(m, len(passes[i].tokens) - part * m)
                 logits[i].append(out_logits[b * m : b * m + n])
@@ -211,11 +219,12 @@ class StaticBackend:
             visible[b, :n, seen:] = False
         return _Inputs(tokens, positions, writes, split, on_device[block.numel() :], visible)
 
-    def _run(self, inputs: _Inputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """The fixed-shape pass -> logits [B*M, V] and hidden states [B*M, H] (fp32)."""
+    def _run(self, inputs: _Inputs, taps: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fixed-shape pass -> logits [B*M, V] and hidden states [B*M, H] (fp32; with taps, those
+        layers' inputs [B*M, len(taps) H])."""
         if not self.graphs:
-            return self._step(inputs)
-        key = (inputs.tokens.shape[0], inputs.visible.shape[2])  # (batch, span)
+            return self._step(inputs, taps)
+        key = (inputs.tokens.shape[0], inputs.visible.shape[2], taps)  # (batch, span, taps)
         if key not in self._graphs:
             self._graphs[key] = self._capture(*key)
         graph, static, outputs = self._graphs[key]
@@ -223,7 +232,8 @@ class StaticBackend:
         graph.replay()
         return outputs
 
-    def _capture(self, batch: int, span: int) -> tuple[torch.cuda.CUDAGraph, _Inputs, tuple[torch.Tensor, torch.Tensor]]:
+    def _capture(self, batch: int, span: int,
+                 taps: tuple[int, ...]) -> tuple[torch.cuda.CUDAGraph, _Inputs, tuple[torch.Tensor, torch.Tensor]]:
         """A CUDA graph of one pass of `batch` sequences attending over `span` keys, over static input
         buffers (gpt-fast's way: warm up on a side stream, then capture). The warm-up writes only
         past the context."""
@@ -238,14 +248,14 @@ class StaticBackend:
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._step(static)
+                self._step(static, taps)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool):
-            outputs = self._step(static)
+            outputs = self._step(static, taps)
         return graph, static, outputs
 
-    def _step(self, inputs: _Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(self, inputs: _Inputs, taps: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
         """The model over [B, M] rows: no host reads, no shapes that depend on data (graph-safe)."""
         w = self.weights
         batch, m = inputs.tokens.shape
@@ -259,8 +269,11 @@ class StaticBackend:
         cos = self.cos[inputs.positions.reshape(-1)][:, None]  # [B*M, 1, D]
         sin = self.sin[inputs.positions.reshape(-1)][:, None]
         x = w.embed[inputs.tokens.reshape(-1)]  # [B*M, hidden]
+        tapped: dict[int, torch.Tensor] = {}  # layer -> its input [B*M, hidden]
         for slot, layer_id in enumerate(self.layer_ids):
             layer = w.layers[layer_id]
+            if layer_id in taps:
+                tapped[layer_id] = x
             qkv = layer.qkv(rms_norm(x, layer.input_norm, w.eps))  # [B*M, (H + 2 KV) D]
             qk = rotate(qkv[:, : q_size + kv_size].view(-1, w.heads + w.kv_heads, w.head_dim), cos, sin)
             q, k = qk[:, : w.heads], qk[:, w.heads :]  # [B*M, H, D], [B*M, KV, D]
@@ -277,7 +290,8 @@ class StaticBackend:
             gate, up = layer.gate_up(rms_norm(x, layer.post_norm, w.eps)).chunk(2, dim=-1)  # [B*M, I]
             x = x + layer.down(F.silu(gate) * up)
         hidden = rms_norm(x, w.norm, w.eps)  # [B*M, hidden]
-        return w.lm_head(hidden).float(), hidden.float()
+        features = torch.cat([tapped[i] for i in taps], dim=-1) if taps else hidden  # [B*M, hidden or F]
+        return w.lm_head(hidden).float(), features.float()
 
 
 def window_keys(visible: torch.Tensor, split: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -81,8 +81,9 @@ class DraftRequest:
 class StepOutcome:
     """What one target pass decided for a sequence; its drafter hears it once, after verification.
 
-    hidden: the target's last hidden states [1 + accepted, H] (after its final norm) at the root
-    and along the accepted path: row i is where the target predicted tokens[-(1 + accepted) + i]
+    hidden: the target's last hidden states [1 + accepted, H] (after its final norm; with the
+    drafter's taps, those layers' inputs [1 + accepted, len(taps) H]) at the root and along the
+    accepted path: row i is where the target predicted tokens[-(1 + accepted) + i]
     (drafters with needs_hidden only). aux_logits: the target's logits [A, V] at the draft's aux
     tokens (drafts that had some)."""
 
@@ -96,6 +97,7 @@ class Drafter(Protocol):
     """Anything that guesses the next tokens, for any number of sequences."""
 
     needs_hidden: bool  # True: begin() and every outcome carry the target's hidden states
+    taps: tuple[int, ...]  # with needs_hidden: those target layers' inputs side by side instead (EAGLE-3)
 
     def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None) -> Any:
         """A new sequence's state (e.g. a draft cache prefilled with the prompt). hidden: the
@@ -116,6 +118,7 @@ class SequenceDrafter:
     """Defaults for drafters that draft each sequence on its own from its tokens, with no state."""
 
     needs_hidden = False
+    taps: tuple[int, ...] = ()
 
     def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None) -> Any:
         return None

@@ -30,6 +30,7 @@ class DraftModelDrafter:
     next draft token comes from one batched pass of the draft model."""
 
     needs_hidden = False
+    taps: tuple[int, ...] = ()
 
     def __init__(self, backend: Backend, confidence: float | None = None, target_vocab: int | None = None) -> None:
         self.backend = backend

@@ -7,6 +7,10 @@ the last pass produced; its last output predicts the state after the newest toke
 tokens are the tree's first level. A node's own pair (its parent's predicted state, its token)
 then predicts its children. Tree entries are dropped after each proposal (a pointer move):
 only pairs built from the target's states stay in the cache.
+
+EAGLE-3 heads run the same way: their committed pairs hold the target's fused low, middle and
+high layer features (the drafter's taps) instead of its last state, and a node's pair holds its
+parent's output.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from quickdraft.backends.kv_cache import KVCache
 from quickdraft.drafters.base import Draft, DraftRequest, SequenceDrafter, StepOutcome
 from quickdraft.drafters.head_tree import TreeShape, draft_tree
 from quickdraft.heads.eagle import EagleHead
+from quickdraft.heads.eagle3 import Eagle3Head
 from quickdraft.tree import ancestors
 
 
@@ -35,9 +40,11 @@ class EagleState:
 class EagleDrafter(SequenceDrafter):
     needs_hidden = True
 
-    def __init__(self, head: EagleHead, max_length: int, top_k: int = 4, nodes: int = 4,
+    def __init__(self, head: EagleHead | Eagle3Head, max_length: int, top_k: int = 4, nodes: int = 4,
                  tree: str = "dynamic") -> None:
         self.head, self.max_length = head, max_length
+        # EAGLE-3 reads the inputs of a low, a middle and a high target layer; EAGLE-1 the last state.
+        self.taps = tuple(head.config.features) if isinstance(head, Eagle3Head) else ()
         self.top_k, self.nodes, self.tree = top_k, nodes, tree
         TreeShape(1, top_k, nodes, tree)  # refuse bad settings now, not at the first step
 

@@ -10,19 +10,27 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.heads.data import read_examples
 from quickdraft.heads.distill import regenerate
 from quickdraft.heads.features import Sequence, encode_example, extract_features, fingerprint, load_features
+from quickdraft.heads.eagle3 import Eagle3Config
 from quickdraft.heads.train import TrainSettings, train_eagle, train_medusa
+from quickdraft.heads.train_eagle3 import train_eagle3
 from quickdraft.models.loading import LoadedModel, load_model
 
 KINDS = ("medusa", "eagle")
 
 
-def training_sequences(loaded: LoadedModel, data: list[Path], max_examples: int | None, max_tokens: int,
-                       distill_tokens: int | None, cache: Path, distill_examples: int | None = None,
+def training_sequences(loaded: LoadedModel, data: list[Path], max_examples: int | list[int] | None,
+                       max_tokens: int, distill_tokens: int | None, cache: Path,
+                       distill_examples: int | list[int] | None = None,
                        progress: bool = True) -> list[Sequence]:
-    """Every file's first `max_examples` examples, encoded as the decoder encodes chats. With
-    distill_tokens, the first `distill_examples` of each file (default: all) get the target's own
+    """Every file's first `max_examples` examples (one count, or one per file), encoded as the
+    decoder encodes chats. With
+    distill_tokens, the first `distill_examples` of each file (one count, or one per file; default:
+    all) get the target's own
     responses instead of the dataset's (cached in `cache`); the rest keep the dataset's text."""
-    files = [read_examples(path)[:max_examples] for path in data]
+    limits = max_examples if isinstance(max_examples, list) else [max_examples] * len(data)
+    if len(limits) != len(data):
+        raise QuickdraftError(f"--max-examples: give one count, or one per data file ({len(data)})")
+    files = [read_examples(path)[:limit] for path, limit in zip(data, limits)]
     if not any(files):
         raise QuickdraftError("no training examples in the data files")
     if loaded.tokenizer is None:
@@ -30,9 +38,13 @@ def training_sequences(loaded: LoadedModel, data: list[Path], max_examples: int 
     encoded = [[encode_example(loaded.tokenizer, example, max_tokens) for example in file] for file in files]
     if distill_tokens is None:
         return [sequence for file in encoded for sequence in file]
-    chosen = [sequence for file in encoded for sequence in file[:distill_examples]]
-    rest = [sequence for file in encoded for sequence in file[len(file[:distill_examples]) :]]
-    return distilled(loaded, chosen, distill_tokens, cache, progress) + rest
+    # Each file is distilled and cached on its own: adding a file later reuses the others' answers.
+    counts = distill_examples if isinstance(distill_examples, list) else [distill_examples] * len(encoded)
+    if len(counts) != len(encoded):
+        raise QuickdraftError(f"--distill-examples: give one count, or one per data file ({len(encoded)})")
+    chosen = [distilled(loaded, file[:n], distill_tokens, cache, progress) for file, n in zip(encoded, counts)]
+    rest = [sequence for file, n in zip(encoded, counts) for sequence in file[len(file[:n]) :]]
+    return [sequence for file in chosen for sequence in file] + rest
 
 
 def distilled(loaded: LoadedModel, sequences: list[Sequence], distill_tokens: int, cache: Path,
@@ -45,19 +57,24 @@ def distilled(loaded: LoadedModel, sequences: list[Sequence], distill_tokens: in
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     prompts = [(ids[:start], start) for ids, start in sequences if start > 0]
-    result = regenerate(loaded.model, prompts, pad, eos, distill_tokens, progress=progress)
+    result = regenerate(loaded.model, prompts, pad, eos, distill_tokens, batch_size=64, progress=progress)
     cache.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(result))
     return result
 
 
 def train(kind: str, target: str | None, data: list[Path], output: Path, *, heads: int = 3,
-          max_examples: int | None = None, max_tokens: int = 512, distill_tokens: int | None = None,
-          distill_examples: int | None = None, cache: Path | None = None,
-          settings: TrainSettings = TrainSettings(), progress: bool = True) -> dict:
-    """Train a `kind` head for `target` (None: the embedded default) on `data` files; returns its config."""
+          max_examples: int | list[int] | None = None, max_tokens: int = 512, distill_tokens: int | None = None,
+          distill_examples: int | list[int] | None = None, cache: Path | None = None,
+          settings: TrainSettings = TrainSettings(), eagle: int = 3, progress: bool = True) -> dict:
+    """Train a `kind` head for `target` (None: the embedded default) on `data` files; returns its
+    config. eagle: 3 (fused features, training-time test) or 1 (last hidden state) for EAGLE heads."""
     if kind not in KINDS:
         raise QuickdraftError(f"unknown head kind {kind!r}; choose one of: {', '.join(KINDS)}")
+    if eagle not in (1, 3):
+        raise QuickdraftError(f"--eagle must be 1 or 3, got {eagle}")
+    if settings.unroll < 1:
+        raise QuickdraftError(f"--unroll must be >= 1, got {settings.unroll}")
     if heads < 1:
         raise QuickdraftError(f"--heads must be >= 1, got {heads}")
     for path in data:
@@ -66,9 +83,15 @@ def train(kind: str, target: str | None, data: list[Path], output: Path, *, head
     loaded = load_model(target)
     sequences = training_sequences(loaded, data, max_examples, max_tokens, distill_tokens, cache,
                                    distill_examples, progress)
-    shards = load_features(extract_features(loaded.model, sequences, cache / "features", progress))
     lm_head = loaded.model.get_output_embeddings().weight.detach()
+    embeddings = loaded.model.get_input_embeddings().weight.detach()
+    if kind == "eagle" and eagle == 3:
+        config = Eagle3Config.from_target(loaded.model.config)
+        shards = load_features(extract_features(loaded.model, sequences, cache / "features-eagle3", progress,
+                                                config.features))
+        norm = loaded.model.model.norm.weight.detach()
+        return train_eagle3(shards, lm_head, norm, embeddings, config, output, settings, loaded.name, progress)
+    shards = load_features(extract_features(loaded.model, sequences, cache / "features", progress))
     if kind == "medusa":
         return train_medusa(shards, lm_head, heads, output, settings, loaded.name, progress)
-    embeddings = loaded.model.get_input_embeddings().weight.detach()
     return train_eagle(shards, lm_head, embeddings, loaded.model.config, output, settings, loaded.name, progress)

@@ -40,13 +40,15 @@ def fingerprint(sequences: list[Sequence]) -> str:
 
 @torch.inference_mode()
 def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: Path,
-                     progress: bool = True) -> Path:
-    """Write shards features-NNNNN.safetensors (tokens int32 [N], hidden bf16 [N, H], choice int32
-    [N]: the target's argmax after each position, offsets int64 [E + 1], starts int64 [E]) and
-    index.json into `folder`; shards already there are kept (resuming an interrupted run) when they
-    were made from the same sequences."""
+                     progress: bool = True, layers: tuple[int, ...] = ()) -> Path:
+    """Write shards features-NNNNN.safetensors (tokens int32 [N], hidden bf16 [N, H] or, with
+    `layers`, the inputs of those target layers side by side [N, len(layers) H] (EAGLE-3's
+    features), choice int32 [N]: the target's argmax after each position (with `layers`, -1 in
+    prompts up to 2 tokens before the response), offsets int64 [E + 1],
+    starts int64 [E]) and index.json into `folder`; shards already there are kept (resuming an
+    interrupted run) when they were made from the same sequences and layers."""
     folder.mkdir(parents=True, exist_ok=True)
-    digest = fingerprint(sequences)
+    digest = fingerprint(sequences) + (f"-layers-{'-'.join(map(str, layers))}" if layers else "")
     index = folder / "index.json"
     made_from = folder / "fingerprint"
     if made_from.is_file() and made_from.read_text() != digest:
@@ -66,10 +68,17 @@ def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: 
             if len(ids) - start < 2:
                 bar.update(1)
                 continue  # nothing to learn from
-            states = model.model(torch.tensor([ids])).last_hidden_state[0]  # [T, H], after the final norm
+            out = model.model(torch.tensor([ids]), output_hidden_states=bool(layers))
+            states = out.last_hidden_state[0]  # [T, H], after the final norm
+            # hidden_states[i] is the input of layer i (0: the embeddings): where EAGLE-3 reads.
+            kept = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1) if layers else states  # [T, F]
             tokens.append(torch.tensor(ids, dtype=torch.int32))
-            hidden.append(states.to(torch.bfloat16))
-            choice.append(model.get_output_embeddings()(states).argmax(-1).to(torch.int32))  # [T]
+            hidden.append(kept.to(torch.bfloat16))
+            # EAGLE-3 heads learn on responses only: their prompts' choices (-1) cost no LM head.
+            first = max(start - 2, 0) if layers else 0
+            picked = torch.full((len(ids),), -1, dtype=torch.int32)
+            picked[first:] = model.get_output_embeddings()(states[first:]).argmax(-1).to(torch.int32)
+            choice.append(picked)  # [T]
             offsets.append(offsets[-1] + len(ids))
             starts.append(start)
             bar.update(1)

@@ -24,12 +24,13 @@ class Int8Layer(nn.Module):
 
 
 def for_drafting(head: nn.Module) -> nn.Module:
-    """`head` (MedusaHeads or EagleHead) with int8 linear layers and LM-head slice, changed in
+    """`head` (MedusaHeads, EagleHead or Eagle3Head) with int8 linear layers and LM-head slice, changed in
     place (it can no longer be trained) and returned."""
     fast = head.eval()
     for module in list(fast.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, name, Int8Layer(child.weight, child.bias))
-    fast.logits_layer = Int8Layer(fast.lm_head)
+    if isinstance(fast.lm_head, torch.Tensor):  # the target's LM-head slice (EAGLE-1, Medusa), not a layer
+        fast.logits_layer = Int8Layer(fast.lm_head)
     return fast

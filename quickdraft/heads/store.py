@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-
-
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.eagle import EagleHead
+from quickdraft.heads.eagle3 import Eagle3Head
+from quickdraft.heads.export import export_summary, is_export, read_export
 from quickdraft.heads.medusa import MedusaHeads
 from quickdraft.heads.train import CONFIG_FILE, HEADS_FILE, load_eagle, load_medusa, read_config
 from quickdraft.models.loading import LoadedModel
@@ -21,13 +21,14 @@ SHIPPED = Path(__file__).parent / "shipped"  # SHIPPED / <target name> / <kind> 
 def head_folder(kind: str, target: LoadedModel, path: str | Path | None) -> Path:
     """The folder of a `kind` head for `target`: `path` if given, else the shipped one."""
     folder = Path(path) if path is not None else SHIPPED / target.name / kind
-    if not (folder / HEADS_FILE).is_file() or not (folder / CONFIG_FILE).is_file():
+    exported = kind == "eagle" and is_export(folder)  # an EAGLE-3 head exported for vLLM or SGLang
+    if not exported and (not (folder / HEADS_FILE).is_file() or not (folder / CONFIG_FILE).is_file()):
         if path is not None:
             raise QuickdraftError(f"no {kind} head in {folder} (expected {HEADS_FILE} and {CONFIG_FILE})")
         raise QuickdraftError(
             f"no {kind} head is shipped for {target.name!r}; train one with `quickdraft train {kind} "
             f"--target ... --data ... --output DIR` and pass head=DIR (--head DIR)")
-    config = read_config(folder)
+    config = export_summary(folder) if exported else read_config(folder)
     lm_head = target.model.get_output_embeddings().weight
     if config.get("kind") != kind:
         raise QuickdraftError(f"{folder} holds a {config.get('kind')!r} head, not {kind!r}")
@@ -39,16 +40,21 @@ def head_folder(kind: str, target: LoadedModel, path: str | Path | None) -> Path
 
 
 def load_head(kind: str, target: LoadedModel, path: str | Path | None,
-              full_vocab: bool = False) -> MedusaHeads | EagleHead:
+              full_vocab: bool = False) -> MedusaHeads | EagleHead | Eagle3Head:
     """The head, over the target's LM head sliced to the head's draft vocabulary, or over all of
     it with full_vocab (the head's layers predict states, not ids, so either works)."""
     folder = head_folder(kind, target, path)
     lm_head = target.model.get_output_embeddings().weight.detach()
     if kind == "medusa":
         head = load_medusa(folder, lm_head)
+    elif is_export(folder):
+        head = read_export(folder, target.model.get_input_embeddings().weight.detach())
     else:
         head = load_eagle(folder, lm_head, target.model.get_input_embeddings().weight.detach())
     if full_vocab:
+        if isinstance(head, Eagle3Head):
+            raise QuickdraftError(f"the EAGLE-3 head in {folder} has its own LM head over {len(head.vocab)} tokens; "
+                                  "full_vocab applies to heads that use the target's LM head (EAGLE-1, Medusa)")
         head.vocab = torch.arange(lm_head.shape[0])
         head.lm_head = lm_head.float()
     return head

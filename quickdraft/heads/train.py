@@ -5,6 +5,7 @@ heads are saved as safetensors with a small config naming the target."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from torch import nn
 from tqdm import tqdm
 
 from quickdraft.heads.eagle import EagleConfig, EagleHead, eagle_loss
+from quickdraft.heads.eagle3 import Eagle3Config, Eagle3Head
 from quickdraft.heads.medusa import MedusaHeads, medusa_loss
 from quickdraft.heads.vocab import coverage, draft_vocabulary, vocabulary_index
 
@@ -31,6 +33,9 @@ class TrainSettings:
     vocab: int = 8192  # draft vocabulary: the most frequent response tokens
     noise: float = 0.1  # EAGLE: uniform noise on input states, x their RMS (drafting reads its own guesses)
     classification: float = 0.1  # EAGLE: weight of the cross-entropy on the next choice (regression: 1)
+    unroll: int = 4  # EAGLE-3: steps the head is unrolled on its own outputs (training-time test)
+    context: int = 128  # EAGLE-3: prompt tokens kept before each response
+    schedule: str = "constant"  # learning rate: "constant", or "cosine" (warm-up, then down to a tenth)
     eval_every: int = 100
     checkpoint_every: int = 200
     held_out: float = 0.05  # share of examples never trained on (chosen at random by the seed)
@@ -111,7 +116,7 @@ def eagle_batch(data: Sequences, chosen: list[int], window: int, index: torch.Te
     for row, (tokens, choice, hidden, start) in enumerate(parts):
         n = len(tokens) - 1
         states[row, :n], inputs[row, :n], targets[row, :n] = hidden[:-1], tokens[1:], hidden[1:]
-        labels[row, :n] = index[choice[1:]]
+        labels[row, :n] = torch.where(choice[1:] >= 0, index[choice[1:].clamp(min=0)], -1)  # -1: not extracted
         weight[row, :n] = True
         response[row, max(start - 2, 0) : n] = True
     if noise > 0:
@@ -123,6 +128,17 @@ def eagle_batch(data: Sequences, chosen: list[int], window: int, index: torch.Te
     positions = torch.arange(t)[None].expand(b, t)
     return {"hidden": states, "tokens": inputs, "positions": positions, "mask": mask, "targets": targets,
             "labels": labels, "weight": weight, "response": response}
+
+
+def learning_rate(step: int, settings: TrainSettings) -> float:
+    """The rate for `step` (a function of the step alone, so a resumed run continues the schedule)."""
+    if settings.schedule == "constant":
+        return settings.lr
+    warmup = max(1, min(100, settings.steps // 10))
+    if step < warmup:
+        return settings.lr * (step + 1) / warmup  # no large steps while Adam's moments are unknown
+    done = (step - warmup) / max(1, settings.steps - warmup)
+    return settings.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(done, 1.0))))
 
 
 def optimise(model: nn.Module, step_loss: Callable[[torch.Generator], torch.Tensor],
@@ -143,6 +159,8 @@ def optimise(model: nn.Module, step_loss: Callable[[torch.Generator], torch.Tens
     loss = float("nan")
     accuracy = evaluate()
     while step < settings.steps:
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, settings)
         value = step_loss(generator)
         optimizer.zero_grad()
         value.backward()
@@ -266,9 +284,14 @@ def load_medusa(folder: Path, lm_head: torch.Tensor) -> MedusaHeads:
     return model.eval()
 
 
-def load_eagle(folder: Path, lm_head: torch.Tensor, embed: torch.Tensor) -> EagleHead:
-    """A head saved by train_eagle, over the target's LM head and embedding weights."""
+def load_eagle(folder: Path, lm_head: torch.Tensor, embed: torch.Tensor) -> EagleHead | Eagle3Head:
+    """A head saved by train_eagle (EAGLE-3 when its layer names the fused feature layers, else
+    EAGLE-1), over the target's embedding (and, EAGLE-1, LM head) weights."""
     state = load_file(str(folder / HEADS_FILE))
-    model = EagleHead(EagleConfig(**read_config(folder)["layer"]), embed, lm_head, state["vocab"])
+    layer = read_config(folder)["layer"]
+    if "features" in layer:
+        model = Eagle3Head(Eagle3Config.from_dict(layer), embed, state["vocab"])
+    else:
+        model = EagleHead(EagleConfig(**layer), embed, lm_head, state["vocab"])
     model.load_state_dict(state)
     return model.eval()

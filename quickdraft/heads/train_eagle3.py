@@ -1,0 +1,119 @@
+"""Train an EAGLE-3 head with "training-time test" (Li et al. 2025): the head is unrolled on its
+own outputs for several steps, so the guesses it makes two, three, four tokens ahead are trained
+the way drafting makes them.
+
+Step 0 reads the target's fused features: position t holds (F_t, x_{t+1}) and predicts the
+target's choice after t + 1. Step j >= 1 holds (h^{j-1}_{t-1}, x_{t+1}) at position t: the
+state the head itself predicted one position earlier, as a tree node at depth j holds its
+parent's output. Its query sees step 0's keys up to t - j (what the target verified) and, of
+each step i <= j, the one key on its own path (position t - j + i): drafting's tree attention.
+Every step predicts the same label at t, with less verified context: loss weights decay by
+`decay` per step (later guesses count less, as their acceptance depends on the earlier ones).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from quickdraft.heads.eagle3 import Eagle3Config, Eagle3Head
+from quickdraft.heads.train import (Sequences, TrainSettings, eagle_batch, eagle_sequences, held_out, optimise,
+                                    save_head)
+from quickdraft.heads.vocab import draft_vocabulary, vocabulary_index
+
+
+def unroll_mask(t: int, step: int) -> torch.Tensor:
+    """[T, (step + 1) T] bool: step `step`'s queries over the keys of steps 0..step, side by side.
+    Block 0: keys s <= t - step (verified pairs); block i >= 1: the key at t - step + i (the path)."""
+    blocks = [torch.ones(t, t, dtype=torch.bool).tril(diagonal=-step)]
+    blocks += [torch.eye(t, dtype=torch.bool).roll(-(step - i), dims=1).tril(diagonal=0)
+               for i in range(1, step + 1)]
+    return torch.cat(blocks, dim=1)
+
+
+def unrolled_states(head: Eagle3Head, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                    steps: int) -> Iterator[torch.Tensor]:
+    """hidden [B, T, F] target features, tokens [B, T] (x_{t+1}), positions [B, T] -> each step's
+    outputs h^j [B, T, H] in turn (h^j at t: the guess after t + 1 with verified pairs up to t - j)."""
+    b, t = tokens.shape
+    state = head.state(hidden)  # [B, T, H]
+    keys, values = [], []
+    for j in range(steps):
+        q, k, v = head.project(state, tokens, positions)
+        keys.append(k), values.append(v)
+        mask = unroll_mask(t, j)[None].expand(b, t, -1)  # [B, T, (j + 1) T]
+        h = head.finish(state, q, torch.cat(keys, dim=2), torch.cat(values, dim=2), mask)  # [B, T, H]
+        yield h
+        state = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)  # position t gets h_{t-1}
+
+
+def unrolled_loss(head: Eagle3Head, batch: dict[str, torch.Tensor], steps: int, where: str = "weight",
+                  decay: float = 0.8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy on the target's choices over `steps` unrolled steps (weights decay^j,
+    normalised) -> (loss, top-1 accuracy per step [steps]) over positions batch[where] that step j
+    can reach (t >= j)."""
+    labels = batch["labels"]  # [B, T] draft-vocabulary index, -1 outside it
+    t = labels.shape[1]
+    weights = torch.tensor([decay ** j for j in range(steps)])
+    weights = weights / weights.sum()
+    losses, accuracy = [], []
+    for j, h in enumerate(unrolled_states(head, batch["hidden"], batch["tokens"], batch["positions"], steps)):
+        reach = batch[where] & (torch.arange(t) >= j)[None]  # [B, T]
+        known = reach & (labels >= 0)
+        logits = head.logits(h[known])  # [n, V']: only rows with a loss (the LM head is the dear part)
+        losses.append(F.cross_entropy(logits, labels[known]) if known.any() else h.sum() * 0)
+        correct = (logits.argmax(-1) == labels[known]).sum().float()
+        accuracy.append(correct / reach.sum().clamp(min=1))  # out-of-vocabulary counts as a miss
+    return sum(w * loss for w, loss in zip(weights, losses)), torch.stack(accuracy).detach()
+
+
+def crop_prompts(data: Sequences, context: int) -> Sequences:
+    """Each sequence from `context` tokens before its response: the head learns on responses,
+    and long prompts (summaries, passages) would fill the window with rows nobody drafts."""
+    cut = [max(0, start - context) for start in data.starts]
+    return Sequences([x[c:] for x, c in zip(data.tokens, cut)], [x[c:] for x, c in zip(data.choice, cut)],
+                     [x[c:] for x, c in zip(data.hidden, cut)], [s - c for s, c in zip(data.starts, cut)])
+
+
+def start_from_target(head: Eagle3Head) -> None:
+    """fc starts as "take the high features": the state begins as the target's late-layer residual,
+    which the target's own final norm and LM head (the head's starting ones) already read."""
+    h = head.config.hidden
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.weight[:, -h:] = torch.eye(h)
+
+
+def train_eagle3(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, norm: torch.Tensor,
+                 embed: torch.Tensor, config: Eagle3Config, folder: Path, settings: TrainSettings = TrainSettings(),
+                 target_name: str = "", progress: bool = True) -> dict:
+    """Train an EAGLE-3 head on shards of fused features (extract_features with config.features);
+    writes folder/heads.safetensors, config.json and a checkpoint (resumable). Returns the config
+    with the held-out top-1 accuracy per unrolled step (its depth-1, 2, ... guesses)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    full = lm_head.shape[0]
+    vocab = draft_vocabulary(shards, settings.vocab, full)
+    index = vocabulary_index(vocab, full)
+    data = crop_prompts(eagle_sequences(shards), settings.context)
+    held = held_out(len(data.tokens), settings)
+    train_ids, eval_ids = (~held).nonzero()[:, 0], held.nonzero()[:, 0]
+    head = Eagle3Head(config, embed, vocab, lm_head, norm)
+    start_from_target(head)
+    eval_batch = eagle_batch(data, eval_ids[:32].tolist(), settings.window, index, 0.0,
+                             torch.Generator().manual_seed(0))
+
+    def step_loss(generator: torch.Generator) -> torch.Tensor:
+        chosen = train_ids[torch.randint(len(train_ids), (settings.sequences,), generator=generator)].tolist()
+        batch = eagle_batch(data, chosen, settings.window, index, 0.0, generator)
+        return unrolled_loss(head, batch, settings.unroll, "response")[0]
+
+    @torch.no_grad()
+    def evaluate() -> torch.Tensor:  # held-out response positions: what drafting sees
+        return unrolled_loss(head, eval_batch, settings.unroll, "response")[1]
+
+    loss, accuracy, step = optimise(head, step_loss, evaluate, folder, settings, "train eagle-3", progress)
+    return save_head(head, folder, "eagle", target_name, {"layer": config.to_dict()}, lm_head, vocab, shards,
+                     step, accuracy, loss, settings)

@@ -1,0 +1,131 @@
+"""EAGLE-3 heads: unrolled training equals drafting, training improves held-out top-1, saved heads load back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import loaded
+from quickdraft import Decoder
+from quickdraft.backends.kv_cache import KVCache
+from quickdraft.errors import QuickdraftError
+from quickdraft.heads.data import Example
+from quickdraft.heads.eagle3 import Eagle3Config, Eagle3Head, feature_layers
+from quickdraft.heads.features import encode_example, extract_features, load_features
+from quickdraft.heads.train import TrainSettings, load_eagle
+from quickdraft.heads.train_eagle3 import train_eagle3, unroll_mask, unrolled_states
+
+H, V = 32, 50
+CONFIG = Eagle3Config(hidden=H, intermediate=64, heads=4, kv_heads=2, head_dim=8, rope_theta=10000.0, eps=1e-6,
+                      features=(0, 1, 2))
+
+
+def tiny_head(seed: int = 0) -> Eagle3Head:
+    torch.manual_seed(seed)
+    head = Eagle3Head(CONFIG, torch.randn(V, H), torch.arange(0, V, 2))
+    for parameter in head.parameters():  # norms too: a test of where each weight goes
+        torch.nn.init.normal_(parameter, std=0.3)
+    return head.eval()
+
+
+def test_feature_layers_are_low_middle_high():
+    assert feature_layers(30) == (2, 15, 27)
+    assert feature_layers(32) == (2, 16, 29)
+
+
+def test_unroll_mask_is_the_drafting_tree_attention():
+    mask = unroll_mask(5, 2)  # [T, 3T]
+    t = 4
+    assert mask[t, :5].tolist() == [True, True, True, False, False]  # verified pairs up to t - 2
+    assert mask[t, 5:10].tolist() == [False, False, False, True, False]  # step 1: its parent at t - 1
+    assert mask[t, 10:].tolist() == [False, False, False, False, True]  # itself
+    assert not mask[1, :5].any() and mask[1, 11]  # t < step: nothing verified (such rows have no loss)
+
+
+@torch.no_grad()
+def test_unrolled_steps_equal_drafting_with_a_cache():
+    """h^j at t from the unrolled training pass == the drafter's chain node at depth j, whose
+    parent chain starts after verified pairs 0..t-j."""
+    head = tiny_head()
+    t, steps = 12, 4
+    features = torch.randn(1, t, 3 * H)
+    tokens = torch.randint(0, V, (1, t))
+    positions = torch.arange(t)[None]
+    states = list(unrolled_states(head, features, tokens, positions, steps))
+    for root in (3, 6):
+        cache = KVCache(1, CONFIG.kv_heads, CONFIG.head_dim, 64)
+        mask = torch.ones(root, root, dtype=torch.bool).tril()[None]
+        out = head(features[:, :root], tokens[:, :root], positions[:, :root], mask, cache)
+        cache.advance(root)
+        predicted = out[0, -1]
+        torch.testing.assert_close(predicted, states[0][0, root - 1], atol=1e-5, rtol=1e-5)
+        for depth in range(1, steps):
+            position = root + depth - 1
+            mask = torch.ones(1, 1, cache.length + 1, dtype=torch.bool)
+            out = head(predicted[None, None], tokens[:, position : position + 1], torch.tensor([[position]]), mask,
+                       cache)
+            cache.advance(1)
+            predicted = out[0, 0]
+            torch.testing.assert_close(predicted, states[depth][0, position], atol=1e-5, rtol=1e-5)
+
+
+# --- training and saving on a tiny target -----------------------------------------------------
+
+class IdTokenizer:
+    chat_template = None
+
+    def encode(self, text, add_special_tokens=True):
+        return [ord(c) % 32 for c in text]
+
+
+@pytest.fixture(scope="module")
+def fused(tiny_target, tmp_path_factory):
+    """Features of a repeating text at the tiny target's layers (0, 1, 1), and the head's config."""
+    config = Eagle3Config.from_target(tiny_target.config)
+    text = "abcdefgh ijk " * 10
+    sequences = [encode_example(IdTokenizer(), Example(text[:i], text[i:] + text[:i]), 256) for i in range(1, 41)]
+    folder = tmp_path_factory.mktemp("fused")
+    shards = load_features(extract_features(tiny_target, sequences, folder, progress=False, layers=config.features))
+    assert shards[0]["hidden"].shape[1] == 3 * tiny_target.config.hidden_size
+    return shards, config
+
+
+def test_training_improves_held_out_top1_at_every_depth_and_saves(tiny_target, fused, tmp_path):
+    shards, config = fused
+    tables = (tiny_target.lm_head.weight.detach(), tiny_target.model.norm.weight.detach(),
+              tiny_target.model.embed_tokens.weight.detach())
+    fresh = train_eagle3(shards, *tables, config, tmp_path / "fresh", TrainSettings(steps=1, lr=0.0, unroll=3),
+                         "tiny", progress=False)
+    settings = TrainSettings(steps=80, sequences=4, window=64, lr=3e-3, unroll=3, eval_every=40, checkpoint_every=40)
+    result = train_eagle3(shards, *tables, config, tmp_path / "eagle3", settings, "tiny", progress=False)
+    assert len(result["held_out_top1"]) == 3  # one per unrolled step: depth 1, 2, 3 guesses
+    for before, after in zip(fresh["held_out_top1"], result["held_out_top1"]):
+        assert after > max(0.6, before + 0.2)
+    saved = json.loads((tmp_path / "eagle3" / "config.json").read_text())
+    assert saved["kind"] == "eagle" and saved["layer"]["features"] == list(config.features)
+    head = load_eagle(tmp_path / "eagle3", tables[0], tables[2])
+    assert isinstance(head, Eagle3Head)
+    trained = Eagle3Head(config, tables[2], head.vocab)
+    trained.load_state_dict(torch.load(tmp_path / "eagle3" / "checkpoint.pt")["model"])
+    features, tokens = torch.randn(1, 5, 3 * config.hidden), torch.tensor([[1, 2, 3, 4, 5]])
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()[None]
+    with torch.no_grad():
+        out = head(features, tokens, torch.arange(5)[None], mask)
+        assert torch.equal(out, trained(features, tokens, torch.arange(5)[None], mask))
+        assert torch.equal(head.logits(out), trained.logits(out))
+    # Resuming at the last step trains nothing more and saves the same head.
+    again = train_eagle3(shards, *tables, config, tmp_path / "eagle3", settings, "tiny", progress=False)
+    assert again["steps"] == 80 and again["held_out_top1"] == result["held_out_top1"]
+
+
+def test_eagle3_heads_are_refused_where_they_cannot_run(tiny_target, fused, tmp_path):
+    shards, config = fused
+    tables = (tiny_target.lm_head.weight.detach(), tiny_target.model.norm.weight.detach(),
+              tiny_target.model.embed_tokens.weight.detach())
+    train_eagle3(shards, *tables, config, tmp_path / "h", TrainSettings(steps=2, unroll=2), "t", progress=False)
+    with pytest.raises(QuickdraftError, match="own LM head"):
+        Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(tmp_path / "h"), full_vocab=True)
+    with pytest.raises(QuickdraftError, match="inner layers"):
+        Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(tmp_path / "h"), backend="llama.cpp")
