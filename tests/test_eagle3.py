@@ -16,6 +16,7 @@ from quickdraft.heads.eagle3 import Eagle3Config, Eagle3Head, feature_layers
 from quickdraft.heads.features import encode_example, extract_features, load_features
 from quickdraft.heads.train import TrainSettings, load_eagle
 from quickdraft.heads.train_eagle3 import train_eagle3, unroll_mask, unrolled_states
+from test_heads import IdTokenizer
 
 H, V = 32, 50
 CONFIG = Eagle3Config(hidden=H, intermediate=64, heads=4, kv_heads=2, head_dim=8, rope_theta=10000.0, eps=1e-6,
@@ -72,13 +73,6 @@ def test_unrolled_steps_equal_drafting_with_a_cache():
 
 
 # --- training and saving on a tiny target -----------------------------------------------------
-
-class IdTokenizer:
-    chat_template = None
-
-    def encode(self, text, add_special_tokens=True):
-        return [ord(c) % 32 for c in text]
-
 
 @pytest.fixture(scope="module")
 def fused(tiny_target, tmp_path_factory):

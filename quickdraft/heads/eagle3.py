@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quickdraft.backends.kv_cache import KVCache
+from quickdraft.heads.eagle import EagleConfig
 from quickdraft.models.rotary import default_inv_freq, rotate
 
 
@@ -41,13 +42,9 @@ class Eagle3Config:
 
     @classmethod
     def from_target(cls, config) -> Eagle3Config:
-        """The target's own layer shape; features from its depth."""
+        """The target's own layer shape (as EAGLE-1's); features from its depth."""
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        heads = text.num_attention_heads
-        return cls(text.hidden_size, text.intermediate_size, heads, getattr(text, "num_key_value_heads", heads),
-                   getattr(text, "head_dim", None) or text.hidden_size // heads,
-                   float(getattr(text, "rope_theta", 10000.0)), float(getattr(text, "rms_norm_eps", 1e-6)),
-                   feature_layers(text.num_hidden_layers))
+        return cls(**EagleConfig.from_target(config).to_dict(), features=feature_layers(text.num_hidden_layers))
 
     def to_dict(self) -> dict:
         return {**asdict(self), "features": list(self.features)}
