@@ -55,6 +55,7 @@ class Option:
     model: bool = False
     parser: Callable[[str], Any] | None = None  # text -> value, where the kind's own parse is not enough
     validate: Callable[[Any], Any] | None = None  # value -> allowed value, where kind and bounds are not enough
+    sweeps: bool = True  # a bench spec's 'a/b/c' sweeps it (False for paths, whose '/' is their own)
 
     @property
     def flag(self) -> str:
@@ -136,7 +137,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("candidates", "lookahead: n-grams verified per pass G", default=4, low=1, high=MAX_K,
            methods=("lookahead",)),
     Option("head", "eagle/medusa: folder of a trained head (default: the one shipped for the embedded target)",
-           kind=str, methods=HEADS),
+           kind=str, methods=HEADS, sweeps=False),
     Option("tree_top_k", "eagle/medusa: children per expanded node and nodes expanded per tree level",
            default=4, low=1, high=MAX_K, methods=HEADS),
     Option("tree_nodes", "eagle/medusa: draft tokens verified per pass (default: as many as a pass takes for "
@@ -183,7 +184,7 @@ def check_device(value: Any) -> str:
 
 def parse_spec(spec: str, expand: bool = False) -> list[tuple[str, str, dict[str, Any]]]:
     """'METHOD[:key=value,...]' -> [(label, method, settings)]. With expand, a value 'a/b/c' gives one
-    entry each (the bench's sweeps); without, the spec is one entry."""
+    entry each (the bench's sweeps; not for a path such as head); without, the spec is one entry."""
     method, _, rest = spec.partition(":")
     choices: list[list[tuple[str, Any]]] = []
     for item in filter(None, rest.split(",")):
@@ -191,7 +192,7 @@ def parse_spec(spec: str, expand: bool = False) -> list[tuple[str, str, dict[str
         if not sep or not value:
             raise QuickdraftError(f"bad method setting {item!r} in {spec!r}; expected key=value")
         check_names({key: None})
-        values = value.split("/") if expand else [value]
+        values = value.split("/") if expand and OPTION[key].sweeps else [value]
         choices.append([(key, OPTION[key].parse(v)) for v in values])
     expanded = []
     for combination in itertools.product(*choices):

@@ -6,12 +6,14 @@ import json
 
 import pytest
 import torch
+from transformers import Gemma3TextConfig, LlamaConfig
 
 from conftest import loaded
 from quickdraft import Decoder
 from quickdraft.backends.kv_cache import KVCache
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.data import Example
+from quickdraft.heads.eagle import EagleConfig
 from quickdraft.heads.eagle3 import Eagle3Config, Eagle3Head, feature_layers
 from quickdraft.heads.features import encode_example, extract_features, load_features
 from quickdraft.heads.train import TrainSettings, load_eagle
@@ -34,6 +36,13 @@ def tiny_head(seed: int = 0) -> Eagle3Head:
 def test_feature_layers_are_low_middle_high():
     assert feature_layers(30) == (2, 15, 27)
     assert feature_layers(32) == (2, 16, 29)
+
+
+def test_the_head_rotates_like_the_target():
+    """transformers 5 keeps the rotary base in rope_parameters (per layer type for Gemma 3)."""
+    assert Eagle3Config.from_target(LlamaConfig(rope_theta=12345.0)).rope_theta == 12345.0
+    assert Eagle3Config.from_target(Gemma3TextConfig(rope_theta=5e5)).rope_theta == 5e5
+    assert EagleConfig.from_target(LlamaConfig(rope_theta=100000.0)).rope_theta == 100000.0
 
 
 def test_unroll_mask_is_the_drafting_tree_attention():

@@ -6,18 +6,23 @@ patches/), so a lone sequence's speculative rows are plain decoding's rows.
 
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import torch
+from safetensors.torch import save_file
 
 import quickdraft
 from quickdraft.backends.base import SeqPass
 from quickdraft.backends.llama_cpp import LlamaCppBackend, llama_cpp_installed
 from quickdraft.backends.select import make_backend
 from quickdraft.errors import QuickdraftError
+from quickdraft.heads.eagle import EagleConfig, EagleHead
+from quickdraft.heads.train import CONFIG_FILE, HEADS_FILE
 from quickdraft.models import default_gguf_path
 from quickdraft.models.loading import load_model
 from quickdraft.serve import create_app
@@ -156,20 +161,44 @@ def test_hidden_states_are_the_final_norms_output(decoder, backend):
     assert torch.nn.functional.cosine_similarity(ours, theirs, dim=-1).min() > 0.98
 
 
+def eagle1_head(target, folder: Path) -> Path:
+    """An untrained EAGLE-1 head for the default target (it reads the last hidden state, which
+    llama.cpp returns; the shipped head is EAGLE-3, which reads inner layers that it does not)."""
+    torch.manual_seed(0)  # test-only: the head's random weights
+    embed, lm_head = target.model.get_input_embeddings().weight, target.model.get_output_embeddings().weight
+    config = EagleConfig.from_target(target.model.config)
+    head = EagleHead(config, embed.detach(), lm_head.detach(), torch.arange(lm_head.shape[0]))
+    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(folder / HEADS_FILE))
+    (folder / CONFIG_FILE).write_text(json.dumps({"kind": "eagle", "target": target.name, "layer": config.to_dict(),
+                                                  "vocab": lm_head.shape[0], "hidden": lm_head.shape[1]}))
+    return folder
+
+
 @pytest.mark.parametrize("method", ["prompt-lookup", "prompt-lookup:draft_length=fixed", "self-spec", "draft",
-                                    "lookahead", "eagle", "medusa"])
-def test_greedy_speculation_equals_plain_decoding(decoder, method):
+                                    "lookahead", "eagle-1", "medusa"])
+def test_greedy_speculation_equals_plain_decoding(decoder, method, tmp_path):
     """Exact by construction for one sequence: rows do not depend on the pass, and every kept token
     sits in cells in position order (a kept tree branch off the first chain is decoded again)."""
     draft = load_model(default_gguf_path()) if method == "draft" else None  # its own llama.cpp context
-    speculative = quickdraft.Decoder(decoder.target, draft, method, measure_shapes=False, backend="llama.cpp")
+    options = {"head": str(eagle1_head(decoder.target, tmp_path))} if method == "eagle-1" else {}
+    speculative = quickdraft.Decoder(decoder.target, draft, method.removesuffix("-1"), measure_shapes=False,
+                                     backend="llama.cpp", **options)
     passes = tokens = 0
     for prompt in PROMPTS:
         plain = decoder.generate(prompt, max_new_tokens=40)
         fast = speculative.generate(prompt, max_new_tokens=40)
         assert fast.token_ids == plain.token_ids, (method, prompt)
         passes, tokens = passes + fast.stats.target_passes, tokens + len(fast.token_ids)
-    assert passes < tokens or method.startswith("prompt-lookup")  # it accepted drafts
+    # it accepted drafts (an untrained head need not)
+    assert passes < tokens or method.startswith("prompt-lookup") or method == "eagle-1"
+
+
+def test_eagle3_heads_are_refused_clearly(decoder):
+    """The shipped EAGLE-3 head reads inner layers, which llama.cpp does not return: asked for
+    explicitly it is refused, and `auto` picks a backend that returns them."""
+    with pytest.raises(QuickdraftError, match="inner layers.*llama.cpp"):
+        quickdraft.Decoder(decoder.target, None, "eagle", measure_shapes=False, backend="llama.cpp")
+    assert quickdraft.Decoder(decoder.target, None, "eagle", measure_shapes=False).backend_kind != "llama.cpp"
 
 
 def test_bad_settings_are_refused(decoder, tiny_target):

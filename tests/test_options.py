@@ -81,6 +81,9 @@ def test_cli_flags_come_from_the_declaration_and_check_their_values(capsys):
 def test_specs_expand_for_sweeps_and_check_each_value():
     assert [label for label, _, _ in parse_spec("lookahead:k=1/2,window=3", expand=True)] == [
         "lookahead:k=1,window=3", "lookahead:k=2,window=3"]
+    # a path keeps its slashes: only the tree sweeps here
+    assert [s for _, _, s in parse_spec("eagle:head=runs/eagle3,tree_nodes=4/16", expand=True)] == [
+        {"head": "runs/eagle3", "tree_nodes": 4}, {"head": "runs/eagle3", "tree_nodes": 16}]
     with pytest.raises(QuickdraftError, match="window must be in 1..64"):
         parse_spec("lookahead:window=0")
 

@@ -54,6 +54,7 @@ class HFBackend:
         config = model.config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         self.max_length = int(getattr(text_config, "max_position_embeddings", 0) or 1 << 30)
+        self.layer_count = int(text_config.num_hidden_layers)  # any architecture: its config names the count
         head = model.get_output_embeddings().weight
         self.vocab_size, self.hidden_size = int(head.shape[0]), int(head.shape[1])
         self.device, self.dtype = head.device, head.dtype
@@ -65,7 +66,7 @@ class HFBackend:
     @torch.inference_mode()
     def forward(self, passes: list[SeqPass]) -> list[PassOutput]:
         check_passes(passes, self.max_length)
-        tapped_layers(passes, range(len(self.model.model.layers)))
+        tapped_layers(passes, range(self.layer_count))
         return [self._one(p) for p in passes]
 
     def _one(self, p: SeqPass) -> PassOutput:

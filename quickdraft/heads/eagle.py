@@ -18,6 +18,14 @@ from quickdraft.backends.kv_cache import KVCache
 from quickdraft.models.rotary import default_inv_freq, rotate
 
 
+def rope_theta(text) -> float:
+    """The target's rotary base: transformers 5 keeps it in rope_parameters (per layer type where
+    layers differ, e.g. Gemma 3; the head is a full-attention layer), older configs beside it."""
+    parameters = getattr(text, "rope_parameters", None) or {}
+    parameters = parameters.get("full_attention", parameters)
+    return float(parameters.get("rope_theta") or getattr(text, "rope_theta", None) or 10000.0)
+
+
 @dataclass(frozen=True)
 class EagleConfig:
     hidden: int
@@ -35,7 +43,7 @@ class EagleConfig:
         heads = text.num_attention_heads
         return cls(text.hidden_size, text.intermediate_size, heads, getattr(text, "num_key_value_heads", heads),
                    getattr(text, "head_dim", None) or text.hidden_size // heads,
-                   float(getattr(text, "rope_theta", 10000.0)), float(getattr(text, "rms_norm_eps", 1e-6)))
+                   rope_theta(text), float(getattr(text, "rms_norm_eps", 1e-6)))
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -60,9 +60,6 @@ def load_head(kind: str, target: LoadedModel, path: str | Path | None,
     return head
 
 
-
-
-
 def has_head(kind: str, target: LoadedModel) -> bool:
     """Whether a `kind` head for `target` is shipped (bench "all" runs the head methods only then)."""
     try:
