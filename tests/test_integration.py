@@ -238,7 +238,7 @@ def test_shipped_heads_draft_well_on_the_default(default):
     # The heads shipped for the default target are found by name and get drafts accepted
     # (measured on these prompts: eagle 1.5-1.7 tokens per pass, medusa 1.3-1.4; untrained heads ~1.0).
     for method, least in (("eagle", 1.35), ("medusa", 1.15)):
-        decoder = default.with_method(method, precision="int4")
+        decoder = default.with_method(method, precision="int4", tree_nodes=4)  # not the machine's budget
         passes = tokens = 0
         for prompt in PROMPTS:
             out = decoder.generate(prompt, max_new_tokens=48)
