@@ -67,7 +67,7 @@ ROW_INVARIANT = [("bf16", "bf16"), ("bf16", "fp32"), ("int8", "bf16"), ("int4", 
 def test_a_verify_pass_gives_each_token_the_logits_of_one_token_passes(precision, dense):
     weights = NativeWeights.from_model(tiny_llama(seed=1, max_positions=600), precision, dense_kernel=dense)
     backend = NativeBackend(weights, "t")
-    for prefix in (3, 250, 254):  # 250 + 8 crosses the first attention bucket (256 keys)
+    for prefix in (3, 60, 250, 254):  # 60 + 8 and 250 + 8 cross a key chunk (64 keys)
         one, many = Seq(backend), Seq(backend)
         prompt = [(7 * i) % 32 for i in range(prefix)]
         one.forward(prompt)
@@ -85,7 +85,7 @@ def test_a_tree_pass_gives_each_node_the_logits_of_one_token_passes_along_its_pa
     model = tiny_llama(seed=1, max_positions=600, hidden=64)
     backend = NativeBackend(NativeWeights.from_model(model, precision, dense_kernel=dense), "t")
     tokens, parents = [5, 6, 7, 8, 9, 3, 2], [-1, -1, -1, 1, 3, 0, 4]  # a bushy tree, depth 4
-    for prefix in (40, 252):  # 252: paths cross the first attention bucket (256 keys)
+    for prefix in (40, 62, 254):  # 62, 254: deep nodes sit past a key chunk that starts inside the tree
         prompt = [(7 * i) % 32 for i in range(prefix)]
         tree = Seq(backend)
         tree.forward(prompt[:-1])

@@ -14,8 +14,9 @@ class KVCache:
     """Keys [layers, kv_heads, capacity, D] and values [layers, kv_heads, capacity, D (+1)] of one sequence.
 
     ones_column: each value row carries a trailing 1 and unwritten entries are zeros (the native
-    backend's row-invariant attention reads whole buckets of keys and sums its softmax through that
-    column). granularity: capacity grows in whole multiples of it (attention's key bucket)."""
+    backend's row-invariant attention reads whole chunks of keys and sums its softmax through that
+    column). granularity: capacity grows in whole multiples of it (attention's key chunk), up to
+    the context rounded up to a whole multiple, so the last chunk is whole too."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, max_length: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
@@ -38,9 +39,9 @@ class KVCache:
         if needed > self.max_length:
             raise ValueError(f"cache would exceed the context length {self.max_length}")
         granules = -(-needed // self.granularity) * self.granularity
-        capacity = min(self.max_length, max(granules, 2 * self.capacity))
+        capacity = min(-(-self.max_length // self.granularity) * self.granularity, max(granules, 2 * self.capacity))
         shape = (self.layers, self.kv_heads, capacity, self.head_dim)
-        make = torch.zeros if self.ones_column else torch.empty  # buckets read unwritten entries: keep them 0
+        make = torch.zeros if self.ones_column else torch.empty  # chunks read unwritten entries: keep them 0
         keys = make(shape, dtype=self.dtype, device=self.device)
         values = make(shape[:-1] + (self.head_dim + self.ones_column,), dtype=self.dtype, device=self.device)
         if self.ones_column:

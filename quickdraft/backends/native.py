@@ -17,15 +17,8 @@ from transformers import PreTrainedTokenizerBase
 from quickdraft.backends.base import PassOutput, SeqPass, check_passes, logit_rows, tapped_layers
 from quickdraft.backends.kv_cache import KVCache
 from quickdraft.models.linear import Kernel, apply_linear
-from quickdraft.models.native import (
-    KEY_BUCKET,
-    Attention,
-    NativeWeights,
-    RowGroup,
-    rms_norm,
-    row_groups,
-    row_invariant_attention,
-)
+from quickdraft.models.native import Attention, NativeWeights, rms_norm
+from quickdraft.models.row_attention import KEY_CHUNK, group_keys, row_groups, row_invariant_attention
 from quickdraft.models.rotary import RotaryTable, rotate
 
 RowPlan = dict[int, Kernel]  # rows in a pass -> how its linear layers compute them (absent: packed, unpadded)
@@ -51,14 +44,14 @@ class NativeBackend:
         self.rotaries = [self.rotary] + [RotaryTable(f, 1.0, weights.max_length, weights.dtype, self.device)
                                          for f in (weights.inv_freqs or [])[1:]]
         self._windows = any(layer.window for layer in weights.layers)
-        # Below fp32 attention is row-invariant: keys in fp32 buckets, values with a ones column.
+        # Below fp32 attention is row-invariant: fp32 keys in whole chunks, values with a ones column.
         self._row_invariant = weights.dtype != torch.float32
 
     def new_cache(self, length: int | None = None) -> KVCache:
         w = self.weights
         return KVCache(len(self.layer_ids), w.kv_heads, w.head_dim, self.max_length, dtype=torch.float32,
                        device=self.device, ones_column=self._row_invariant,
-                       granularity=KEY_BUCKET if self._row_invariant else 1)
+                       granularity=KEY_CHUNK if self._row_invariant else 1)
 
     @torch.inference_mode()
     def forward(self, passes: list[SeqPass]) -> list[PassOutput]:
@@ -125,7 +118,7 @@ class NativeBackend:
         position_ids = torch.tensor(positions, dtype=torch.long, device=self.device)  # [n]
         rotations = [table.at(position_ids, max(positions) + 1) for table in self.rotaries]
         if self._row_invariant:
-            return rotations, Attention(None, row_groups(start, n, p.mask, self.max_length, self.device))
+            return rotations, Attention(None, row_groups(start, n, p.mask, self.device))
         mask = p.mask
         if mask is None and (n > 1 or self._windows):  # causal: token i sees the cache and the new tokens up to itself
             mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(diagonal=start)
@@ -150,14 +143,13 @@ class NativeBackend:
                                                   scale=w.attn_scale,
                                                   enable_gqa=w.heads != w.kv_heads)[0]  # [H, n, D]
         else:
-            parts = [row_invariant_attention(q[:, g.rows], *_group_keys(cache, slot, g), g.hidden)
-                     for g in attention.groups]
-            attn = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+            keys, values = cache.keys[slot], cache.values[slot]  # [KV, capacity, D (+1)]
+            parts = [(g.rows, row_invariant_attention(q[:, g.rows], *group_keys(keys, values, g), g.hidden,
+                                                      w.attn_scale)) for g in attention.groups]
+            if len(parts) == 1:
+                attn = parts[0][1]
+            else:
+                attn = q.new_empty(q.shape)  # [H, n, D]
+                for rows, part in parts:
+                    attn[:, rows] = part
         return attn.transpose(0, 1).reshape(n, w.heads * w.head_dim)
-
-
-def _group_keys(cache: KVCache, slot: int, group: RowGroup) -> tuple[torch.Tensor, torch.Tensor]:
-    """The keys and values [KV, length, D (+1)] a row group reads."""
-    if group.index is None:
-        return cache.keys[slot, :, : group.length], cache.values[slot, :, : group.length]
-    return cache.keys[slot][:, group.index], cache.values[slot][:, group.index]

@@ -1,5 +1,6 @@
-"""Llama-family models (Llama, SmolLM, Mistral, Qwen2) in plain PyTorch: the weights, and the
-attention maths of the native backend (quickdraft/backends/native.py runs the passes).
+"""Llama-family models (Llama, SmolLM, Mistral, Qwen2) in plain PyTorch: the weights of the native
+backend (quickdraft/backends/native.py runs the passes; models/row_attention.py holds the
+attention below fp32).
 
 Why: a transformers forward spends much of a small model's decode step in Python and
 bookkeeping. Here each layer is a handful of fused operations over weights taken once from
@@ -12,14 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.linear import ColumnLinear, PackedLinear, whole_column_blocks
+from quickdraft.models.linear import ColumnLinear, PackedLinear
 from quickdraft.models.precision import Precision, get_precision
 from quickdraft.models.quantize import Int4Weight, stack_int4
 from quickdraft.models.quantized_linear import Int4Linear, Int8Linear, quantized_linear
+from quickdraft.models.row_attention import RowGroup
 
 Linear = PackedLinear | ColumnLinear | Int8Linear | Int4Linear
 
@@ -192,16 +193,6 @@ def supports(model: PreTrainedModel, precision: str | None = None) -> bool:
 
 
 @dataclass
-class RowGroup:
-    """Rows of a pass that attend over the same bucket of keys."""
-
-    rows: slice
-    length: int  # keys read: a bucket length, the one a one-token pass at these rows' positions reads
-    hidden: torch.Tensor  # [length, 1, rows] bool: True where a row may not see a key (attention's layout)
-    index: torch.Tensor | None = None  # [length] cache slots to read, in order (None: slots 0..length-1)
-
-
-@dataclass
 class Attention:
     """What one sequence's attention needs in a pass: fp32 passes use SDPA with `mask`
     [1, 1, n, keys] (None: all visible); low-precision passes use row-invariant `groups`."""
@@ -209,81 +200,6 @@ class Attention:
     mask: torch.Tensor | None
     groups: list[RowGroup]
     window_mask: torch.Tensor | None = None  # [1, 1, n, keys]: `mask` within a sliding layer's window (Gemma 3)
-
-
-KEY_BUCKET = 256  # keys are read in whole buckets of this many
-
-
-def attention_bucket(needed: int, max_length: int) -> int:
-    """Keys a low-precision pass reads for a row that needs `needed`: whole buckets of 256 (at
-    most the context), so a token reads the same keys whichever pass computes it."""
-    return min(max_length, -(-needed // KEY_BUCKET) * KEY_BUCKET)
-
-
-def row_groups(start: int, n: int, mask: torch.Tensor | None, max_length: int,
-               device: torch.device | str = "cpu") -> list[RowGroup]:
-    """Split a pass's rows (cache indices start..start+n-1) by the bucket each row's own
-    one-token pass would read; usually one group. mask [n, start + n], or None for a causal pass
-    (no per-row work: a long prefill stays cheap).
-
-    A row that sees a contiguous prefix of the cache (chains) reads the cache as it is. A tree
-    node sees the prefix and its ancestors, which sit after their siblings: it gets a group of
-    its own that reads exactly those keys, in order, from the start (then its bucket's masked
-    padding), the layout a one-token pass gives the same token once its path is kept, so the
-    matmuls sum the same terms in the same blocks over the same number of keys."""
-    groups, first = [], 0
-    seen = [None if mask is None else mask[i].nonzero()[:, 0] for i in range(n)]  # visible slots per row
-    contiguous = [s is None or (len(s) == start + i + 1 and int(s[-1]) == start + i) for i, s in enumerate(seen)]
-    buckets = [attention_bucket(start + i + 1, max_length) for i in range(n)]
-    for i in range(1, n + 1):
-        if i == n or buckets[i] != buckets[first] or not contiguous[i] or not contiguous[first]:
-            if not contiguous[first]:  # one tree row: its own keys, gathered in order
-                visible = seen[first]
-                length = attention_bucket(len(visible), max_length)
-                index = torch.cat([visible, visible.new_zeros(length - len(visible))])  # padding: masked
-                hidden = torch.arange(length, device=device) >= len(visible)
-                groups.append(RowGroup(slice(first, i), length, hidden[:, None, None], index))
-            else:
-                length = buckets[first]
-                if mask is None:  # causal: row r sees keys up to its own slot
-                    ends = torch.arange(start + first, start + i, device=device)  # [rows]
-                    visible = torch.arange(length, device=device)[None] <= ends[:, None]  # [rows, length]
-                else:
-                    visible = torch.zeros(i - first, length, dtype=torch.bool, device=device)
-                    cut = min(length, start + n)
-                    visible[:, :cut] = mask[first:i, :cut]
-                groups.append(RowGroup(slice(first, i), length, ~visible.T[:, None, :]))
-            first = i
-    return groups
-
-
-def row_invariant_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                            hidden: torch.Tensor) -> torch.Tensor:
-    """Softmax attention that gives each query row the bits it gets in a one-token pass, so a
-    low-precision verify pass agrees exactly with plain decoding.
-
-    q [H, n, D], keys [KV, L, D] and values [KV, L, D + 1] (fp32; the last column is 1),
-    hidden [L, 1, n] (True: masked) -> [H, n, D] in q's dtype. Why not SDPA: its CPU kernel
-    blocks its sums by the pass's shape, so a token's bf16 output changed with the tokens
-    beside it (62 of 820 rows differed even over equal key counts). Here both matmuls put the keys on the rows and
-    the queries on the columns, with L fixed (the row's bucket) and the columns padded to whole
-    blocks of 16: measured on this CPU, a column's result then does not depend on how many
-    columns there are (a single column, or a part-filled block, can take another kernel).
-    Masked keys weigh exactly 0 and the softmax sum comes out of the second matmul's ones column.
-    """
-    heads, n, dim = q.shape
-    kv_heads, length, _ = keys.shape
-    group = heads // kv_heads  # query heads per KV head, consecutive as in transformers
-    cols = group * n
-    padded = whole_column_blocks(cols)  # every column takes the main kernel, as in ColumnLinear
-    columns = F.pad(q.float().reshape(kv_heads, cols, dim).transpose(1, 2), (0, padded - cols))  # [KV, D, pad]
-    scores = torch.matmul(keys, columns)[..., :cols].view(kv_heads, length, group, n)  # [KV, L, G, n]
-    scores = scores.mul_(dim ** -0.5).masked_fill_(hidden, float("-inf"))
-    weights = torch.exp(scores - scores.amax(dim=1, keepdim=True)).view(kv_heads, length, cols)
-    weights = F.pad(weights, (0, padded - cols))  # [KV, L, pad]
-    summed = torch.matmul(values.transpose(1, 2), weights)[..., :cols]  # [KV, D + 1, G n]: sums last
-    out = (summed[:, :dim] / summed[:, dim:]).view(kv_heads, dim, group, n)
-    return out.permute(0, 2, 3, 1).reshape(heads, n, dim).to(q.dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
