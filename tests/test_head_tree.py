@@ -68,3 +68,40 @@ def test_static_tree_has_a_fixed_shape_filled_with_the_ranked_candidates():
         assert tokens[node] == int(source.topk(2).indices[rank])
     with pytest.raises(QuickdraftError, match="unknown tree"):
         TreeShape(3, kind="bushy")
+
+
+def test_frontier_nodes_that_cannot_be_kept_are_not_expanded_and_the_tree_is_unchanged():
+    # A node's children depend on its path; the full tree reranked is what a pruned grow keeps.
+    vocab = 6
+
+    def children_logp(path: tuple[int, ...]) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(hash(path) % 2**31)
+        return torch.log_softmax(3 * torch.randn(vocab, generator=generator), dim=-1)
+
+    def path_of(node, tokens, parents):
+        path = []
+        while node >= 0:
+            path.append(tokens[node])
+            node = parents[node]
+        return tuple(path[::-1])
+
+    saved = 0
+    for trial in range(60):
+        rows = []
+
+        def expand(frontier, tokens, parents):
+            rows.append(len(frontier))
+            return torch.stack([children_logp(path_of(n, tokens, parents)) for n in frontier])
+
+        depth, top_k, nodes = 2 + trial % 4, 1 + trial % 3, 1 + trial % 7
+        first = children_logp(())
+        full = grow_tree(first, expand, TreeShape(depth, top_k, nodes=10**6))
+        full_rows = sum(rows)
+        scores = [sum(children_logp(path_of(n, *full)[:i])[t] for i, t in enumerate(path_of(n, *full))).item()
+                  for n in range(len(full[0]))]
+        rows.clear()
+        pruned = grow_tree(first, expand, TreeShape(depth, top_k, nodes))
+        assert pruned == keep_most_confident(*full, scores, nodes), trial
+        assert sum(rows) <= full_rows
+        saved += full_rows - sum(rows)
+    assert saved > 0

@@ -3,7 +3,9 @@
 Dynamic (EAGLE-2, Li et al. 2024): at each level, the top_k most confident nodes so far (by
 cumulative log-probability, the chance the whole path is right) each get their top_k children.
 Rerank: of all nodes grown, keep the `nodes` most confident for verification. A child is never
-more confident than its parent, so the kept set is always a tree.
+more confident than its parent, so the kept set is always a tree, and a frontier node already
+outside the best `nodes` is not expanded (its descendants could not be kept): the same tree for
+fewer head rows, which matters when `nodes` is small (CPUs).
 
 Static (EAGLE-1, Medusa): the same rule applied once to a fixed prior over sibling ranks instead
 of the head's confidence gives a fixed shape (which ranks under which); drafting fills it with
@@ -91,6 +93,13 @@ def grow_tree(first: torch.Tensor, expand: Expand, shape: TreeShape) -> tuple[li
         frontier.append(len(tokens))
         tokens.append(token), parents.append(-1), scores.append(value)
     for _ in range(shape.depth - 1):
+        # A child scores at most its parent, and comes after every node grown so far: a frontier
+        # node scoring no more than the `nodes`-th best so far can have no kept descendant.
+        if len(scores) >= shape.nodes:
+            floor = sorted(scores, reverse=True)[shape.nodes - 1]
+            frontier = [n for n in frontier if scores[n] > floor]
+        if not frontier:
+            break
         logp = expand(frontier, tokens, parents)  # [F, V']
         child_values, child_ids = logp.topk(min(shape.top_k, logp.shape[-1]), dim=-1)  # [F, top_k]
         total = torch.tensor([scores[n] for n in frontier])[:, None] + child_values  # [F, top_k]
