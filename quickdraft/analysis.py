@@ -65,6 +65,37 @@ DEFAULT_TREE_NODES = 4  # where every row costs (CPUs): the size measured best t
 MOST_TREE_NODES = 63  # one static pass of 64 rows: the root and 63 nodes
 
 
+def pass_cost(pass_ms: dict[int, float], rows: int) -> float:
+    """Milliseconds of a pass of `rows` tokens: measured, else on the line between the nearest
+    measured sizes (past the largest, the line through the last two)."""
+    if rows in pass_ms:
+        return pass_ms[rows]
+    sizes = sorted(pass_ms)
+    below = [n for n in sizes if n < rows]
+    above = [n for n in sizes if n > rows]
+    if not below:
+        return pass_ms[sizes[0]]
+    lo, hi = (below[-1], above[0]) if above else (sizes[-2], sizes[-1]) if len(sizes) > 1 else (sizes[0], sizes[0])
+    if lo == hi:
+        return pass_ms[lo]
+    return pass_ms[lo] + (pass_ms[hi] - pass_ms[lo]) * (rows - lo) / (hi - lo)
+
+
+def best_tree_size(confidences: list[float], pass_ms: dict[int, float]) -> int:
+    """How many draft nodes to verify, given each node's chance that its whole path is right
+    (most confident first; any prefix of them is a tree): the n with the most expected tokens
+    per millisecond, (1 + sum of the first n) / cost(root + n rows). A node is accepted exactly
+    when its path is, so the sum is the expected accepted length (EAGLE-2's value). 0: drafting
+    does not pay this step, decode plainly."""
+    best, best_value, expected = 0, 1.0 / pass_cost(pass_ms, 1), 1.0
+    for n, p in enumerate(confidences, start=1):
+        expected += p
+        value = expected / pass_cost(pass_ms, n + 1)
+        if value > best_value:
+            best, best_value = n, value
+    return best
+
+
 def tree_budget(pass_ms: dict[int, float] | None, tolerance: float = 1.1) -> int:
     """Draft nodes a token tree should verify per pass: the largest pass measured to cost at most
     `tolerance` x a one-token pass, less its root row (on a GPU rows are nearly free: up to 63;

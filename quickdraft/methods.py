@@ -146,19 +146,24 @@ def reads_inner_layers(target: LoadedModel, config: MethodConfig) -> bool:
     return "features" in read_config(head_folder("eagle", target, config.head))["layer"]
 
 
-def tree_nodes(parts: Parts, config: MethodConfig) -> int:
-    """The user's tree size, else the budget the target's measured pass costs allow."""
-    return config.tree_nodes or tree_budget(getattr(parts.target_backend, "pass_ms", None))
+def tree_nodes(parts: Parts, config: MethodConfig) -> tuple[int, dict[int, float] | None]:
+    """The user's tree size (fixed), else the budget the target's measured pass costs allow and
+    those costs: each step then keeps the nodes that pay for their rows."""
+    if config.tree_nodes:
+        return config.tree_nodes, None
+    pass_ms = getattr(parts.target_backend, "pass_ms", None)
+    return tree_budget(pass_ms), pass_ms
 
 
 def _build_medusa(parts: Parts, config: MethodConfig) -> Drafter:
-    return MedusaDrafter(shared_head("medusa", parts, config), config.tree_top_k, tree_nodes(parts, config),
-                         config.tree)
+    nodes, pass_ms = tree_nodes(parts, config)
+    return MedusaDrafter(shared_head("medusa", parts, config), config.tree_top_k, nodes, config.tree, pass_ms)
 
 
 def _build_eagle(parts: Parts, config: MethodConfig) -> Drafter:
+    nodes, pass_ms = tree_nodes(parts, config)
     return EagleDrafter(shared_head("eagle", parts, config), parts.target_backend.max_length, config.tree_top_k,
-                        tree_nodes(parts, config), config.tree)
+                        nodes, config.tree, pass_ms)
 
 
 METHODS: dict[str, Method] = {

@@ -140,8 +140,9 @@ OPTIONS: tuple[Option, ...] = (
            kind=str, methods=HEADS, sweeps=False),
     Option("tree_top_k", "eagle/medusa: children per expanded node and nodes expanded per tree level",
            default=4, low=1, high=MAX_K, methods=HEADS),
-    Option("tree_nodes", "eagle/medusa: draft tokens verified per pass (default: as many as a pass takes for "
-           "about the price of one token, measured: 4 on a CPU, up to 63 on a GPU)", low=1, high=MAX_TREE_NODES,
+    Option("tree_nodes", "eagle/medusa: draft tokens verified per pass (default: at most as many as a pass "
+           "takes for about the price of one token, measured: 4 on a CPU, up to 63 on a GPU; each step keeps "
+           "those worth their measured cost)", low=1, high=MAX_TREE_NODES,
            methods=HEADS),
     Option("tree", "eagle/medusa: dynamic (EAGLE-2: the most confident paths) or static (a fixed shape)",
            kind=str, default="dynamic", choices=("dynamic", "static"), methods=HEADS),

@@ -5,7 +5,9 @@ import pytest
 from quickdraft.analysis import (
     DEFAULT_TREE_NODES,
     best_k,
+    best_tree_size,
     expected_tokens_per_pass,
+    pass_cost,
     predicted_speedup,
     time_per_token,
     tree_budget,
@@ -67,3 +69,30 @@ def test_the_tree_budget_is_what_a_pass_takes_for_about_the_price_of_one_token()
     cpu = {1: 9.6, 2: 16.1, 4: 25.6, 8: 45.8, 16: 86.0}  # llama.cpp here: every row costs
     assert tree_budget(cpu) == DEFAULT_TREE_NODES
     assert tree_budget(None) == tree_budget({}) == DEFAULT_TREE_NODES
+
+
+def test_pass_cost_reads_measured_sizes_and_interpolates_between_them():
+    ms = {1: 10.0, 2: 12.0, 4: 14.0, 8: 30.0}
+    assert pass_cost(ms, 2) == 12.0 and pass_cost(ms, 3) == 13.0 and pass_cost(ms, 6) == 22.0
+    assert pass_cost(ms, 12) == 46.0  # past the largest: the line through the last two
+    assert pass_cost({1: 10.0}, 5) == 10.0
+
+
+def test_the_tree_size_is_the_most_expected_tokens_per_millisecond():
+    confident = [0.9, 0.8, 0.7, 0.6, 0.5]
+    flat = {n: 10.0 for n in (1, 2, 4, 8)}  # rows free (a GPU): verify every node
+    assert best_tree_size(confident, flat) == 5
+    steps = {1: 10.0, 2: 12.0, 3: 14.0, 4: 14.0, 5: 19.0, 8: 20.0}  # int4's four-row steps
+    # (1 + .9 + .8 + .7) / 14 = 0.243 at 3 nodes beats (1 + ... + .6) / 19 = 0.211 at 4
+    assert best_tree_size(confident, steps) == 3
+    assert best_tree_size([0.3, 0.01], steps) == 1  # 1.3 / 12 beats 1 / 10
+    assert best_tree_size([0.05, 0.01], steps) == 0  # unsure: a plain pass pays best
+    brute = max(range(6), key=lambda n: ((1 + sum(confident[:n])) / pass_cost(steps, n + 1), -n))
+    assert best_tree_size(confident, steps) == brute
+    assert best_tree_size([], steps) == 0
+    rng = random.Random(0)
+    for _ in range(200):  # the brute-force argmax (ties: the smaller tree) over random costs and confidences
+        ms = {n: c for n, c in zip((1, 2, 3, 4, 6, 8), sorted(rng.uniform(5, 30) for _ in range(6)))}
+        ps = sorted((rng.random() for _ in range(rng.randint(0, 8))), reverse=True)
+        brute = max(range(len(ps) + 1), key=lambda n: ((1 + sum(ps[:n])) / pass_cost(ms, n + 1), -n))
+        assert best_tree_size(ps, ms) == brute

@@ -199,7 +199,8 @@ def test_static_trees_greedy_equal_plain(tiny_target, heads, method):
 
 def test_the_tree_size_follows_the_targets_measured_pass_costs(tiny_target, heads, tmp_path):
     # Flat costs up to 64 tokens (a GPU; the static backend pads every pass to 64 rows): 63 nodes.
-    # Without measurements (or where each row costs): the CPU's 4. A given size wins.
+    # Without measurements (or where each row costs): the CPU's 4. A given size wins and is fixed;
+    # the budget is a cap, and each step keeps the nodes worth their rows.
     from quickdraft.analysis import tree_budget
     from quickdraft.backends.select import make_backend
 
@@ -207,10 +208,14 @@ def test_the_tree_size_follows_the_targets_measured_pass_costs(tiny_target, head
     backend = make_backend(target, "static", "fp32", "cpu", measure=False)
     backend.pass_ms = {n: 1.0 for n in (1, 2, 4, 8, 16, 32, 64)}
     options = dict(head=str(heads / "eagle"), backend="static", measure_shapes=False)
-    assert Decoder(target, None, "eagle", **options).drafter.nodes == 63
-    assert Decoder(target, None, "eagle", tree_nodes=7, **options).drafter.nodes == 7
+    budget = Decoder(target, None, "eagle", **options).drafter
+    assert budget.nodes == 63 and dict(budget.pass_ms) == backend.pass_ms  # a cap: each step keeps what pays
+    fixed = Decoder(target, None, "eagle", tree_nodes=7, **options).drafter
+    assert fixed.nodes == 7 and fixed.pass_ms == ()  # the user's size, every step
     native = Decoder(loaded(tiny_target, "t"), None, "medusa", head=str(heads / "medusa"), measure_shapes=False)
-    assert native.drafter.nodes == 4
-    measured = Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(heads / "eagle"), backend="static",
-                       cache_dir=tmp_path)
-    assert measured.target_backend.pass_ms and measured.drafter.nodes == tree_budget(measured.target_backend.pass_ms)
+    assert native.drafter.nodes == 4 and native.drafter.pass_ms == ()
+    for kind in ("static", "native"):  # both measure their passes at load
+        measured = Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(heads / "eagle"), backend=kind,
+                           cache_dir=tmp_path)
+        costs = measured.target_backend.pass_ms
+        assert costs and measured.drafter.nodes == tree_budget(costs) and dict(measured.drafter.pass_ms) == costs

@@ -105,3 +105,18 @@ def test_frontier_nodes_that_cannot_be_kept_are_not_expanded_and_the_tree_is_unc
         assert sum(rows) <= full_rows
         saved += full_rows - sum(rows)
     assert saved > 0
+
+
+def test_with_pass_costs_the_tree_keeps_the_nodes_that_pay_for_their_rows():
+    def expand(frontier, tokens, parents):
+        return torch.stack([logp(0.9, 0.05, 0.05)] * len(frontier))
+
+    first = logp(0.8, 0.1, 0.1)
+    steps = ((1, 10.0), (2, 12.0), (3, 14.0), (4, 14.0), (5, 19.0), (8, 20.0))  # four-row steps
+    # Paths: .8, .72, .648, then .1, .1: three nodes (four rows) pay best.
+    tokens, parents = grow_tree(first, expand, TreeShape(depth=4, top_k=3, nodes=8, pass_ms=steps))
+    assert (tokens, parents) == ([0, 0, 0], [-1, 0, 1])
+    flat = tuple((n, 10.0) for n in (1, 2, 4, 8))
+    assert len(grow_tree(first, expand, TreeShape(depth=4, top_k=3, nodes=8, pass_ms=flat))[0]) == 8
+    unsure = logp(0.05, 0.05, 0.9)[:2]  # the head's best guess has 5%: no draft pays
+    assert grow_tree(unsure, expand, TreeShape(depth=2, top_k=2, nodes=4, pass_ms=steps)) == ([], [])

@@ -33,6 +33,7 @@ class NativeBackend:
         self.weights, self.name, self.tokenizer, self.eos_ids = weights, name, tokenizer, eos_ids
         self.layer_ids = list(range(len(weights.layers))) if layers is None else list(layers)
         self.plan: RowPlan = plan or {}
+        self.pass_ms: dict[int, float] | None = None  # measured by backends/select.py when asked
         self.vocab_size = weights.lm_head.out_features
         self.max_length = weights.max_length
         self.hidden_size = weights.embed.shape[1]

@@ -32,6 +32,9 @@ STATIC = "static"
 BACKENDS = ("auto", "native", "hf", LLAMA_CPP, STATIC)
 STATIC_ROWS = 64  # rows of every static pass: EAGLE-2's 60-node trees fit, and on a GPU 64 rows cost what 1 does
 STATIC_GRID = (1, 2, 4, 8, 16, 32, 64)  # pass sizes timed on the static backend (its tree budget comes from them)
+# Pass sizes timed on the native backend: every small size, because CPU kernels cost in steps
+# (PyTorch's int4 kernel takes rows four at a time: 5 rows cost about what 8 do).
+NATIVE_COST_GRID = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -176,6 +179,8 @@ def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32
             backend = NativeBackend(weights, loaded.name, loaded.tokenizer, loaded.eos_ids)
             if measure:
                 backend.plan = measure_row_plan(weights, folder)
+                backend.pass_ms = measure_pass_costs(backend, folder, {"threads": torch.get_num_threads()},
+                                                     grid=NATIVE_COST_GRID)
     else:
         if precision != "fp32":
             raise QuickdraftError(f"precision {precision} needs the native backend, which does not support "

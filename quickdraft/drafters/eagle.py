@@ -41,11 +41,12 @@ class EagleDrafter(SequenceDrafter):
     needs_hidden = True
 
     def __init__(self, head: EagleHead | Eagle3Head, max_length: int, top_k: int = 4, nodes: int = 4,
-                 tree: str = "dynamic") -> None:
+                 tree: str = "dynamic", pass_ms: dict[int, float] | None = None) -> None:
         self.head, self.max_length = head, max_length
         # EAGLE-3 reads the inputs of a low, a middle and a high target layer; EAGLE-1 the last state.
         self.taps = tuple(head.config.features) if isinstance(head, Eagle3Head) else ()
         self.top_k, self.nodes, self.tree = top_k, nodes, tree
+        self.pass_ms = tuple(sorted((pass_ms or {}).items()))  # given: `nodes` is a cap, chosen per step
         TreeShape(1, top_k, nodes, tree)  # refuse bad settings now, not at the first step
 
     def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None) -> EagleState:
@@ -95,9 +96,11 @@ class EagleDrafter(SequenceDrafter):
 
         first = torch.log_softmax(self.head.logits(state.predicted), dim=-1)  # [V']
         try:
-            ids, parents = draft_tree(first, expand, TreeShape(k, self.top_k, self.nodes, self.tree))
+            ids, parents = draft_tree(first, expand, TreeShape(k, self.top_k, self.nodes, self.tree, self.pass_ms))
         finally:
             cache.truncate(root)  # the tree's entries go: only verified pairs stay
+        if not ids:  # drafting does not pay this step (TreeShape.pass_ms)
+            return Draft()
         return Draft(self.head.vocab[ids].tolist(), None, parents)
 
     def _commit(self, state: EagleState) -> torch.Tensor:

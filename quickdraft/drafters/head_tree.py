@@ -5,7 +5,8 @@ cumulative log-probability, the chance the whole path is right) each get their t
 Rerank: of all nodes grown, keep the `nodes` most confident for verification. A child is never
 more confident than its parent, so the kept set is always a tree, and a frontier node already
 outside the best `nodes` is not expanded (its descendants could not be kept): the same tree for
-fewer head rows, which matters when `nodes` is small (CPUs).
+fewer head rows, which matters when `nodes` is small (CPUs). Given the target's measured pass
+costs, the kept count is chosen each step: the most expected tokens per millisecond.
 
 Static (EAGLE-1, Medusa): the same rule applied once to a fixed prior over sibling ranks instead
 of the head's confidence gives a fixed shape (which ranks under which); drafting fills it with
@@ -14,11 +15,13 @@ the head's candidates at those ranks, whatever their confidence.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from quickdraft.analysis import best_tree_size
 from quickdraft.errors import QuickdraftError
 from quickdraft.tree import depths
 
@@ -30,12 +33,15 @@ Expand = Callable[[list[int], list[int], list[int]], torch.Tensor]
 @dataclass(frozen=True)
 class TreeShape:
     """depth: levels drafted (the method's K); top_k: children per expanded node and nodes expanded
-    per level; nodes: draft tokens verified per pass after reranking; kind: dynamic or static."""
+    per level; nodes: draft tokens verified per pass after reranking (at most, with pass_ms);
+    kind: dynamic or static. pass_ms: the target's measured pass costs (rows, ms), given when the
+    size is the budget's: a dynamic tree then keeps the best-paying number of nodes each step."""
 
     depth: int
     top_k: int = 4
     nodes: int = 4
     kind: str = "dynamic"
+    pass_ms: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.depth < 1 or self.top_k < 1 or self.nodes < 1:
@@ -109,7 +115,11 @@ def grow_tree(first: torch.Tensor, expand: Expand, shape: TreeShape) -> tuple[li
                 grown.append(len(tokens))
                 tokens.append(token), parents.append(node), scores.append(value)
         frontier = sorted(grown, key=lambda n: -scores[n])[: shape.top_k]
-    return keep_most_confident(tokens, parents, scores, shape.nodes)
+    nodes = shape.nodes
+    if shape.pass_ms:  # the head's confidence in each path against what verifying it costs
+        best = sorted(scores, reverse=True)[:nodes]
+        nodes = best_tree_size([math.exp(s) for s in best], dict(shape.pass_ms))
+    return keep_most_confident(tokens, parents, scores, nodes)
 
 
 def keep_most_confident(tokens: list[int], parents: list[int], scores: list[float],

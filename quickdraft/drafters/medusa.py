@@ -26,9 +26,11 @@ class MedusaDrafter(SequenceDrafter):
 
     needs_hidden = True
 
-    def __init__(self, heads: MedusaHeads, top_k: int = 4, nodes: int = 4, tree: str = "dynamic") -> None:
+    def __init__(self, heads: MedusaHeads, top_k: int = 4, nodes: int = 4, tree: str = "dynamic",
+                 pass_ms: dict[int, float] | None = None) -> None:
         self.heads = heads
         self.top_k, self.nodes, self.tree = top_k, nodes, tree
+        self.pass_ms = tuple(sorted((pass_ms or {}).items()))  # given: `nodes` is a cap, chosen per step
         TreeShape(1, top_k, nodes, tree)  # refuse bad settings now, not at the first step
 
     def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None) -> MedusaState:
@@ -51,11 +53,13 @@ class MedusaDrafter(SequenceDrafter):
 
     def _tree(self, logp: torch.Tensor, k: int) -> Draft:
         """logp [heads, V'] of one sequence -> its tree of guesses."""
-        shape = TreeShape(min(k, self.heads.heads), self.top_k, self.nodes, self.tree)
+        shape = TreeShape(min(k, self.heads.heads), self.top_k, self.nodes, self.tree, self.pass_ms)
 
         def expand(frontier: list[int], drafted: list[int], parents: list[int]) -> torch.Tensor:
             depth = len(ancestors(frontier[0], parents))  # the frontier is one level
             return logp[depth].expand(len(frontier), -1)  # [F, V']: head `depth` guesses one level deeper
 
         ids, parents = draft_tree(logp[0], expand, shape)
+        if not ids:  # drafting does not pay this step (TreeShape.pass_ms)
+            return Draft()
         return Draft(self.heads.vocab[ids].tolist(), None, parents)
