@@ -67,7 +67,7 @@ ROW_INVARIANT = [("bf16", "bf16"), ("bf16", "fp32"), ("int8", "bf16"), ("int4", 
 def test_a_verify_pass_gives_each_token_the_logits_of_one_token_passes(precision, dense):
     weights = NativeWeights.from_model(tiny_llama(seed=1, max_positions=600), precision, dense_kernel=dense)
     backend = NativeBackend(weights, "t")
-    for prefix in (3, 60, 250, 254):  # 60 + 8 and 250 + 8 cross a key chunk (64 keys)
+    for prefix in (3, 60, 250, 254):  # 60 + 8 and 250 + 8 cross a key chunk (32 keys)
         one, many = Seq(backend), Seq(backend)
         prompt = [(7 * i) % 32 for i in range(prefix)]
         one.forward(prompt)

@@ -179,8 +179,9 @@ def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32
             backend = NativeBackend(weights, loaded.name, loaded.tokenizer, loaded.eos_ids)
             if measure:
                 backend.plan = measure_row_plan(weights, folder)
-                backend.pass_ms = measure_pass_costs(backend, folder, {"threads": torch.get_num_threads()},
-                                                     grid=NATIVE_COST_GRID)
+                shape = {"threads": torch.get_num_threads(), "layers": len(weights.layers),
+                         "hidden": backend.hidden_size, "vocab": backend.vocab_size, "max_length": backend.max_length}
+                backend.pass_ms = measure_pass_costs(backend, folder, shape, grid=NATIVE_COST_GRID)
     else:
         if precision != "fp32":
             raise QuickdraftError(f"precision {precision} needs the native backend, which does not support "

@@ -194,14 +194,17 @@ def measure_pass_costs(backend, folder: Path | None, signature: dict | None = No
                  "precision": getattr(backend, "precision", None), "device": str(backend.device),
                  "grid": grid, "context": COST_CONTEXT, **(signature or {})}
 
+    cached = max(1, min(COST_CONTEXT, backend.max_length - max(grid)))  # a short context: fewer cached tokens
+    grid = tuple(rows for rows in grid if cached + rows <= backend.max_length)
+
     def measure() -> dict[int, float]:
-        context = [(7 + 13 * i) % backend.vocab_size for i in range(COST_CONTEXT)]
-        cache = backend.new_cache(COST_CONTEXT + max(grid))
-        backend.forward([SeqPass(cache, context, logits="none")])
+        context = [(7 + 13 * i) % backend.vocab_size for i in range(max(cached, max(grid)))]
+        cache = backend.new_cache(cached + max(grid))
+        backend.forward([SeqPass(cache, context[:cached], logits="none")])
 
         def run(rows: int) -> None:
             backend.forward([SeqPass(cache, context[:rows])])
-            cache.truncate(COST_CONTEXT)
+            cache.truncate(cached)
 
         costs: dict[int, list[float]] = {rows: [] for rows in grid}
         run(1)  # warm-up

@@ -19,7 +19,7 @@ the columns, padded to whole blocks of 16 (measured: a column's result then does
 how many columns there are, nor on how many matrices a batched matmul holds; a single column or
 a part-filled block can take another kernel). Masked keys weigh exactly 0, the softmax sum comes
 out of the second matmul through the values' ones column, and every exp runs over whole vectors
-(sizes are multiples of 64), so no element takes the scalar tail of a vectorised loop.
+(sizes are multiples of KEY_CHUNK), so no element takes the scalar tail of a vectorised loop.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from quickdraft.models.linear import whole_column_blocks
 
-KEY_CHUNK = 64  # keys are summed in whole chunks of this many; a KV cache grows in whole chunks
+KEY_CHUNK = 32  # keys are summed in whole chunks of this many; a KV cache grows in whole chunks
 
 
 def chunk_start(position: int) -> int:
