@@ -116,11 +116,13 @@ def group_keys(keys: torch.Tensor, values: torch.Tensor, group: RowGroup
     elif group.prefix_index is None:
         prefix = keys[:, :c], values[:, :c]
     else:
-        prefix = keys[:, group.prefix_index], values[:, group.prefix_index]
+        prefix = keys.index_select(1, group.prefix_index), values.index_select(1, group.prefix_index)
     if group.tail_index is None:
         tail = keys[:, c : c + KEY_CHUNK], values[:, c : c + KEY_CHUNK]
-    else:
-        tail = keys[:, group.tail_index], values[:, group.tail_index]
+    else:  # index_select over the flat index: a few times faster than indexing with the 2-d one
+        m, flat = group.tail_index.shape[0], group.tail_index.view(-1)
+        tail = (keys.index_select(1, flat).view(keys.shape[0], m, KEY_CHUNK, -1),
+                values.index_select(1, flat).view(values.shape[0], m, KEY_CHUNK, -1))
     return prefix, tail
 
 
@@ -143,15 +145,15 @@ def row_invariant_attention(q: torch.Tensor, prefix: tuple[torch.Tensor, torch.T
         narrow = F.pad(narrow, (0, whole_column_blocks(group) - group))  # [KV, m, D, padG]
         tail_scores = torch.matmul(tail[0], narrow)[..., :group].mul_(scale)  # [KV, m, C, G]
         tail_scores = tail_scores.masked_fill_(hidden, float("-inf"))
-        tail_max = tail_scores.amax(dim=2).transpose(1, 2)[:, None]  # [KV, 1, G, m]
+        tail_max = tail_scores.max(dim=2).values.transpose(1, 2)[:, None]  # [KV, 1, G, m]
     else:
         tail_scores = torch.matmul(tail[0], wide)[..., :cols].view(kv_heads, -1, group, m).mul_(scale)  # [KV, C, G, m]
         tail_scores = tail_scores.masked_fill_(hidden, float("-inf"))
-        tail_max = tail_scores.amax(dim=1, keepdim=True)
+        tail_max = tail_scores.max(dim=1, keepdim=True).values  # (max's kernel: about twice amax's speed here)
     top = tail_max  # [KV, 1, G, m]: the row's largest score
     if prefix is not None:
         prefix_scores = torch.matmul(prefix[0], wide)[..., :cols].view(kv_heads, -1, group, m).mul_(scale)  # [KV, c, G, m]
-        top = torch.maximum(top, prefix_scores.amax(dim=1, keepdim=True))
+        top = torch.maximum(top, prefix_scores.max(dim=1, keepdim=True).values)
     if per_row:
         tail_weights = torch.exp(tail_scores - top[:, 0].permute(0, 2, 1)[:, :, None])  # [KV, m, C, G]
         tail_weights = F.pad(tail_weights, (0, whole_column_blocks(group) - group))
