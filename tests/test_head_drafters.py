@@ -219,3 +219,21 @@ def test_the_tree_size_follows_the_targets_measured_pass_costs(tiny_target, head
                            cache_dir=tmp_path)
         costs = measured.target_backend.pass_ms
         assert costs and measured.drafter.nodes == tree_budget(costs) and dict(measured.drafter.pass_ms) == costs
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
+def test_trees_sized_each_step_by_measured_cost_greedy_equal_plain(tiny_target, heads, method):
+    # Rows that cost in steps (int4's four at a time): each step keeps 0..4 nodes by the head's confidence.
+    from quickdraft.backends.select import make_backend
+
+    target = loaded(tiny_target, "t")
+    make_backend(target, "native", "fp32", "cpu", measure=False).pass_ms = {1: 10.0, 2: 11.0, 3: 12.5, 4: 12.5,
+                                                                            5: 20.0, 8: 21.0}
+    spec = Decoder(target, None, method_of(method), head=str(heads / method), measure_shapes=False)
+    plain = Decoder(loaded(tiny_target, "t"), None, "none", measure_shapes=False)
+    sizes = set()
+    for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [4]):
+        out = spec.generate(prompt, max_new_tokens=40)
+        assert out.token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
+        sizes |= {len(step.draft_tokens) for step in out.steps}
+    assert max(sizes) <= 4 and len(sizes) > 1, sizes
