@@ -71,14 +71,11 @@ def pass_cost(pass_ms: dict[int, float], rows: int) -> float:
     if rows in pass_ms:
         return pass_ms[rows]
     sizes = sorted(pass_ms)
-    below = [n for n in sizes if n < rows]
-    above = [n for n in sizes if n > rows]
-    if not below:
+    if len(sizes) == 1 or rows < sizes[0]:
         return pass_ms[sizes[0]]
-    lo, hi = (below[-1], above[0]) if above else (sizes[-2], sizes[-1]) if len(sizes) > 1 else (sizes[0], sizes[0])
-    if lo == hi:
-        return pass_ms[lo]
-    return pass_ms[lo] + (pass_ms[hi] - pass_ms[lo]) * (rows - lo) / (hi - lo)
+    upper = next((n for n in sizes if n > rows), sizes[-1])  # past the largest: the last segment
+    lower = sizes[sizes.index(upper) - 1]
+    return pass_ms[lower] + (pass_ms[upper] - pass_ms[lower]) * (rows - lower) / (upper - lower)
 
 
 def best_tree_size(confidences: list[float], pass_ms: dict[int, float]) -> int:
