@@ -15,6 +15,7 @@ from quickdraft.backends.base import Backend
 from quickdraft.drafters import DraftModelDrafter, Drafter, LookaheadDrafter, NoDrafter, PromptLookupDrafter
 from quickdraft.drafters.cross_vocab import CrossVocabDrafter, VocabMap
 from quickdraft.drafters.eagle import EagleDrafter
+from quickdraft.drafters.lookup_branch import LookupBranch
 from quickdraft.drafters.medusa import MedusaDrafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.inference import for_drafting
@@ -155,15 +156,20 @@ def tree_nodes(parts: Parts, config: MethodConfig) -> tuple[int, dict[int, float
     return tree_budget(pass_ms), pass_ms
 
 
+def lookup_branch(config: MethodConfig) -> LookupBranch | None:
+    return LookupBranch(config.max_ngram, config.min_ngram) if config.lookup else None
+
+
 def _build_medusa(parts: Parts, config: MethodConfig) -> Drafter:
     nodes, pass_ms = tree_nodes(parts, config)
-    return MedusaDrafter(shared_head("medusa", parts, config), config.tree_top_k, nodes, config.tree, pass_ms)
+    return MedusaDrafter(shared_head("medusa", parts, config), config.tree_top_k, nodes, config.tree, pass_ms,
+                         lookup_branch(config))
 
 
 def _build_eagle(parts: Parts, config: MethodConfig) -> Drafter:
     nodes, pass_ms = tree_nodes(parts, config)
     return EagleDrafter(shared_head("eagle", parts, config), parts.target_backend.max_length, config.tree_top_k,
-                        nodes, config.tree, pass_ms)
+                        nodes, config.tree, pass_ms, lookup_branch(config))
 
 
 METHODS: dict[str, Method] = {

@@ -125,10 +125,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("k_max", "upper bound on K for adaptive and cost", default=16, low=1, high=MAX_K),
     Option("confidence", "draft models: stop drafting when the draft's top probability falls below this",
            kind=float, low=0.0, high=1.0, methods=DRAFT_MODELS),
-    Option("max_ngram", "prompt lookup: longest n-gram to match", default=3, low=1, high=MAX_K,
-           methods=("prompt-lookup",)),
-    Option("min_ngram", "prompt lookup: shortest n-gram to match", default=2, low=1, high=MAX_K,
-           methods=("prompt-lookup",)),
+    Option("max_ngram", "prompt lookup (and eagle/medusa's lookup branch): longest n-gram to match", default=3,
+           low=1, high=MAX_K, methods=("prompt-lookup", *HEADS)),
+    Option("min_ngram", "prompt lookup (and eagle/medusa's lookup branch): shortest n-gram to match", default=2,
+           low=1, high=MAX_K, methods=("prompt-lookup", *HEADS)),
     Option("layers", "self-spec: L (the first L layers), a list of layers to keep (0,1,5), or auto (calibrate); "
            "default a quarter of the layers", kind=str, methods=("self-spec",), parser=parse_layers,
            validate=lambda value: _check_layers(value)),
@@ -146,6 +146,8 @@ OPTIONS: tuple[Option, ...] = (
            methods=HEADS),
     Option("tree", "eagle/medusa: dynamic (EAGLE-2: the most confident paths) or static (a fixed shape)",
            kind=str, default="dynamic", choices=("dynamic", "static"), methods=HEADS),
+    Option("lookup", "eagle/medusa: add prompt lookup's copy of earlier text to the tree as a branch that "
+           "competes with the head's guesses for the verified rows", kind=bool, default=False, methods=HEADS),
     Option("full_vocab", "eagle/medusa: draft over the whole vocabulary, not the head's most frequent tokens",
            kind=bool, default=False, methods=HEADS),
     Option("backend", "auto (on a GPU: static for Llama, Mistral, Qwen2; on a CPU: llama.cpp for a GGUF target "

@@ -7,6 +7,7 @@ import torch
 
 from conftest import DEVICES, loaded, tiny_llama
 from quickdraft import Decoder
+from quickdraft.drafters.lookup_branch import BranchRecord
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.distill import regenerate
 from quickdraft.heads.features import extract_features, load_features
@@ -120,13 +121,14 @@ def small(tmp_path_factory):
     return model, train_heads(model, tmp_path_factory.mktemp("small"), VOCAB)
 
 
-@pytest.mark.parametrize("method,params", [
-    ("medusa", SamplingParams(temperature=1.0)),
-    ("eagle", SamplingParams(temperature=1.0)),
-    ("eagle", SamplingParams(temperature=0.7, top_k=5, top_p=0.9)),
-    ("eagle3", SamplingParams(temperature=1.0)),
+@pytest.mark.parametrize("method,params,lookup", [
+    ("medusa", SamplingParams(temperature=1.0), False),
+    ("eagle", SamplingParams(temperature=1.0), False),
+    ("eagle", SamplingParams(temperature=0.7, top_k=5, top_p=0.9), False),
+    ("eagle3", SamplingParams(temperature=1.0), False),
+    ("eagle3", SamplingParams(temperature=1.0), True),  # a lookup branch (2, 3, 1) beside the head's guesses
 ])
-def test_sampled_output_follows_the_target(small, method, params):
+def test_sampled_output_follows_the_target(small, method, params, lookup):
     model, folder = small
     prompt = [1, 2, 3, 1, 2, 3, 1]
     with torch.no_grad():
@@ -134,7 +136,7 @@ def test_sampled_output_follows_the_target(small, method, params):
         second = logits_to_probs(model(torch.tensor([[*prompt, t] for t in range(VOCAB)])).logits[:, -1], params)
     expected = first[:, None] * second  # [V, V]: the first two tokens
     decoder = Decoder(loaded(model, "t"), None, method_of(method), 3, head=str(folder / method), tree_top_k=2,
-                      tree_nodes=5)
+                      tree_nodes=5, lookup=lookup)
     counts = torch.zeros(VOCAB, VOCAB)
     trees = 0
     for seed in range(RUNS):
@@ -237,3 +239,22 @@ def test_trees_sized_each_step_by_measured_cost_greedy_equal_plain(tiny_target, 
         assert out.token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
         sizes |= {len(step.draft_tokens) for step in out.steps}
     assert max(sizes) <= 4 and len(sizes) > 1, sizes
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
+def test_a_lookup_branch_stays_exact_and_gets_accepted(tiny_target, heads, method):
+    # The tiny target's greedy text repeats itself in places (17 17 17, 1 1 1 1): there prompt
+    # lookup's copies are right, and the branch's tokens get accepted.
+    plain = Decoder(loaded(tiny_target, "t"), None, "none")
+    branched = Decoder(loaded(tiny_target, "t"), None, method_of(method), 4, lookup=True, head=str(heads / method),
+                       tree_nodes=4)
+    from_branch = 0
+    for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [4]):
+        generation = branched.start(prompt, max_new_tokens=60)
+        while not generation.done:
+            assert len(generation.step().draft_tokens) <= 4
+        assert generation.new_tokens == plain.generate(prompt, max_new_tokens=60).token_ids
+        record = generation.draft_state.branch
+        from_branch += record.accepted - BranchRecord().accepted
+        assert record.accepted < record.tried
+    assert from_branch > 0

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from quickdraft.drafters.head_tree import TreeShape, grow_tree, keep_most_confident
+from quickdraft.drafters.head_tree import TreeShape, draft_tree, grow_tree, keep_most_confident, merge_chain
 from quickdraft.errors import QuickdraftError
 from quickdraft.tree import depths
 
@@ -14,12 +14,17 @@ def logp(*probs):
     return torch.tensor(probs).log()
 
 
+def kept(first, expand, shape):
+    """The tree a head drafts with `shape`, in the head's own ids (an identity vocabulary)."""
+    return draft_tree(first, expand, shape, torch.arange(first.shape[-1]))
+
+
 def test_rerank_keeps_the_most_confident_nodes_as_a_tree():
     # root -> a (0.6) -> c (0.6 * 0.9); root -> b (0.3) -> d (0.3 * 0.5)
     tokens, parents = [10, 11, 12, 13], [-1, -1, 0, 1]
     scores = [math.log(0.6), math.log(0.3), math.log(0.54), math.log(0.15)]
-    assert keep_most_confident(tokens, parents, scores, 3) == ([10, 11, 12], [-1, -1, 0])
-    assert keep_most_confident(tokens, parents, scores, 2) == ([10, 12], [-1, 0])  # b (0.3) < c (0.54)
+    assert keep_most_confident(tokens, parents, scores, 3)[:2] == ([10, 11, 12], [-1, -1, 0])
+    assert keep_most_confident(tokens, parents, scores, 2)[:2] == ([10, 12], [-1, 0])  # b (0.3) < c (0.54)
 
 
 def test_grow_expands_the_most_confident_frontier_only():
@@ -30,7 +35,7 @@ def test_grow_expands_the_most_confident_frontier_only():
         return torch.stack([logp(0.7, 0.2, 0.1)] * len(frontier))
 
     first = logp(0.5, 0.3, 0.2)
-    tokens, parents = grow_tree(first, expand, TreeShape(depth=3, top_k=2, nodes=5))
+    tokens, parents = kept(first, expand, TreeShape(depth=3, top_k=2, nodes=5))
     assert calls[0] == [0, 1]  # level 1: tokens 0 (0.5) and 1 (0.3)
     assert calls[1] == [0, 0]  # level 2's best: 0 -> 0 (0.35) and 1 -> 0 (0.21); 0 -> 1 is 0.10
     # Kept: 0 (.5), 1 (.3), 0-0 (.35), 0-0-0 (.245), 1-0 (.21)
@@ -39,7 +44,7 @@ def test_grow_expands_the_most_confident_frontier_only():
 
 
 def test_one_level_is_the_top_k_of_the_first_distribution():
-    tokens, parents = grow_tree(logp(0.1, 0.6, 0.3), lambda *a: pytest.fail("no expansion"), TreeShape(1, 2, 8))
+    tokens, parents = kept(logp(0.1, 0.6, 0.3), lambda *a: pytest.fail("no expansion"), TreeShape(1, 2, 8))
     assert (tokens, parents) == ([1, 2], [-1, -1])
 
 
@@ -50,7 +55,7 @@ def test_bad_tree_shapes_are_refused():
 
 
 def test_static_tree_has_a_fixed_shape_filled_with_the_ranked_candidates():
-    from quickdraft.drafters.head_tree import draft_tree, static_shape
+    from quickdraft.drafters.head_tree import static_shape
 
     shape = TreeShape(depth=3, top_k=2, nodes=5, kind="static")
     ranks, parents = static_shape(shape)
@@ -61,7 +66,7 @@ def test_static_tree_has_a_fixed_shape_filled_with_the_ranked_candidates():
     def expand(frontier, tokens, parents_so_far):
         return torch.stack([unsure if tokens[n] == 2 else confident for n in frontier])
 
-    tokens, tree = draft_tree(logp(0.1, 0.6, 0.3), expand, shape)
+    tokens, tree = kept(logp(0.1, 0.6, 0.3), expand, shape)
     assert tree == parents  # the same shape whatever the head says
     for node, (rank, parent) in enumerate(zip(ranks, parents)):
         source = logp(0.1, 0.6, 0.3) if parent < 0 else (unsure if tokens[parent] == 2 else confident)
@@ -95,13 +100,13 @@ def test_frontier_nodes_that_cannot_be_kept_are_not_expanded_and_the_tree_is_unc
 
         depth, top_k, nodes = 2 + trial % 4, 1 + trial % 3, 1 + trial % 7
         first = children_logp(())
-        full = grow_tree(first, expand, TreeShape(depth, top_k, nodes=10**6))
+        full = grow_tree(first, expand, TreeShape(depth, top_k, nodes=10**6))[:2]
         full_rows = sum(rows)
         scores = [sum(children_logp(path_of(n, *full)[:i])[t] for i, t in enumerate(path_of(n, *full))).item()
                   for n in range(len(full[0]))]
         rows.clear()
-        pruned = grow_tree(first, expand, TreeShape(depth, top_k, nodes))
-        assert pruned == keep_most_confident(*full, scores, nodes), trial
+        pruned = kept(first, expand, TreeShape(depth, top_k, nodes))
+        assert pruned == keep_most_confident(*full, scores, nodes)[:2], trial
         assert sum(rows) <= full_rows
         saved += full_rows - sum(rows)
     assert saved > 0
@@ -114,9 +119,43 @@ def test_with_pass_costs_the_tree_keeps_the_nodes_that_pay_for_their_rows():
     first = logp(0.8, 0.1, 0.1)
     steps = ((1, 10.0), (2, 12.0), (3, 14.0), (4, 14.0), (5, 19.0), (8, 20.0))  # four-row steps
     # Paths: .8, .72, .648, then .1, .1: three nodes (four rows) pay best.
-    tokens, parents = grow_tree(first, expand, TreeShape(depth=4, top_k=3, nodes=8, pass_ms=steps))
+    tokens, parents = kept(first, expand, TreeShape(depth=4, top_k=3, nodes=8, pass_ms=steps))
     assert (tokens, parents) == ([0, 0, 0], [-1, 0, 1])
     flat = tuple((n, 10.0) for n in (1, 2, 4, 8))
-    assert len(grow_tree(first, expand, TreeShape(depth=4, top_k=3, nodes=8, pass_ms=flat))[0]) == 8
+    assert len(kept(first, expand, TreeShape(depth=4, top_k=3, nodes=8, pass_ms=flat))[0]) == 8
     unsure = logp(0.05, 0.05, 0.9)[:2]  # the head's best guess has 5%: no draft pays
-    assert grow_tree(unsure, expand, TreeShape(depth=2, top_k=2, nodes=4, pass_ms=steps)) == ([], [])
+    assert kept(unsure, expand, TreeShape(depth=2, top_k=2, nodes=4, pass_ms=steps)) == ([], [])
+
+
+def test_a_chain_shares_the_nodes_it_follows_and_keeps_the_higher_score():
+    # root -> 5 (.6) -> 7 (.3); root -> 6 (.2). Chain 5, 8, 9 at .5, .25, .125.
+    tokens, parents, scores = [5, 6, 7], [-1, -1, 0], [math.log(0.6), math.log(0.2), math.log(0.3)]
+    chain, chain_scores = [5, 8, 9], [math.log(0.5), math.log(0.25), math.log(0.125)]
+    merged = merge_chain(tokens, parents, scores, chain, chain_scores)
+    assert merged[0] == [5, 6, 7, 8, 9] and merged[1] == [-1, -1, 0, 0, 3]
+    assert [round(math.exp(s), 3) for s in merged[2]] == [0.6, 0.2, 0.3, 0.25, 0.125]
+    higher = merge_chain(tokens, parents, scores, [5, 7], [math.log(0.9), math.log(0.8)])
+    assert higher[:2] == (tokens, parents) and [round(math.exp(s), 3) for s in higher[2]] == [0.9, 0.2, 0.8]
+    assert merge_chain(tokens, parents, scores, [], []) == (tokens, parents, scores)
+
+
+def test_a_branch_competes_with_the_head_for_the_rows():
+    def expand(frontier, tokens, parents):
+        return torch.stack([logp(0.5, 0.3, 0.2)] * len(frontier))
+
+    first = logp(0.4, 0.35, 0.25)
+    vocab = torch.tensor([10, 11, 12])  # head ids -> target ids
+    shape = TreeShape(depth=3, top_k=2, nodes=3)
+    head_only = draft_tree(first, expand, shape, vocab)
+    assert head_only == ([10, 11, 10], [-1, -1, 0])  # .4, .35, .2
+    sure = [20, 21, 22], [math.log(0.9), math.log(0.81), math.log(0.729)]
+    # A fixed size: the three most confident nodes of both, here the whole branch.
+    assert draft_tree(first, expand, shape, vocab, sure) == ([20, 21, 22], [-1, 0, 1])
+    unsure = [20, 21], [math.log(0.1), math.log(0.01)]
+    assert draft_tree(first, expand, shape, vocab, unsure) == head_only
+    # Sized by cost: the branch's rows come on top of the head's best `nodes`, kept where they pay.
+    flat = tuple((n, 10.0) for n in (1, 2, 4, 8))
+    tokens, parents = draft_tree(first, expand, TreeShape(3, 2, 3, pass_ms=flat), vocab, sure)
+    assert sorted(tokens) == [10, 10, 11, 20, 21, 22]
+    steps = ((1, 10.0), (2, 11.0), (4, 12.0), (5, 30.0), (8, 31.0))
+    assert draft_tree(first, expand, TreeShape(3, 2, 3, pass_ms=steps), vocab, sure) == ([20, 21, 22], [-1, 0, 1])

@@ -22,6 +22,7 @@ import torch
 from quickdraft.backends.kv_cache import KVCache
 from quickdraft.drafters.base import Draft, DraftRequest, SequenceDrafter, StepOutcome
 from quickdraft.drafters.head_tree import TreeShape, draft_tree
+from quickdraft.drafters.lookup_branch import BranchRecord, LookupBranch
 from quickdraft.heads.eagle import EagleHead
 from quickdraft.heads.eagle3 import Eagle3Head
 from quickdraft.tree import ancestors
@@ -35,14 +36,16 @@ class EagleState:
     tokens: list[int]
     pending: list[tuple[torch.Tensor, list[int]]] = field(default_factory=list)  # (f rows [m, H], the m tokens after)
     predicted: torch.Tensor | None = None  # [H]: the head's prediction after the newest token
+    branch: BranchRecord = field(default_factory=BranchRecord)
 
 
 class EagleDrafter(SequenceDrafter):
     needs_hidden = True
 
     def __init__(self, head: EagleHead | Eagle3Head, max_length: int, top_k: int = 4, nodes: int = 4,
-                 tree: str = "dynamic", pass_ms: dict[int, float] | None = None) -> None:
-        self.head, self.max_length = head, max_length
+                 tree: str = "dynamic", pass_ms: dict[int, float] | None = None,
+                 branch: LookupBranch | None = None) -> None:
+        self.head, self.max_length, self.branch = head, max_length, branch
         # EAGLE-3 reads the inputs of a low, a middle and a high target layer; EAGLE-1 the last state.
         self.taps = tuple(head.config.features) if isinstance(head, Eagle3Head) else ()
         self.top_k, self.nodes, self.tree = top_k, nodes, tree
@@ -56,6 +59,7 @@ class EagleDrafter(SequenceDrafter):
 
     def update(self, state: EagleState, outcome: StepOutcome) -> None:
         state.tokens = list(outcome.tokens)  # the cache holds verified pairs only: nothing to drop
+        LookupBranch.learn(state.branch, outcome.path)
         self._receive(state, outcome.hidden)
 
     def _receive(self, state: EagleState, hidden: torch.Tensor | None) -> None:
@@ -95,13 +99,14 @@ class EagleDrafter(SequenceDrafter):
             return torch.log_softmax(self.head.logits(out), dim=-1)  # [F, V']
 
         first = torch.log_softmax(self.head.logits(state.predicted), dim=-1)  # [V']
+        branch = None if self.branch is None else self.branch.propose(state.branch, request.tokens, k)
         try:
-            ids, parents = draft_tree(first, expand, TreeShape(k, self.top_k, self.nodes, self.tree, self.pass_ms))
+            tokens, parents = draft_tree(first, expand, TreeShape(k, self.top_k, self.nodes, self.tree, self.pass_ms),
+                                         self.head.vocab, branch)
         finally:
             cache.truncate(root)  # the tree's entries go: only verified pairs stay
-        if not ids:  # drafting does not pay this step (TreeShape.pass_ms)
-            return Draft()
-        return Draft(self.head.vocab[ids].tolist(), None, parents)
+        LookupBranch.drafted(state.branch, tokens, parents)
+        return Draft(tokens, None, parents) if tokens else Draft()  # none: drafting does not pay this step
 
     def _commit(self, state: EagleState) -> torch.Tensor:
         """Feed the pending verified pairs into the cache; the last output (predicted next state)."""

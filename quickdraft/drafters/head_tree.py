@@ -11,6 +11,9 @@ costs, the kept count is chosen each step: the most expected tokens per millisec
 Static (EAGLE-1, Medusa): the same rule applied once to a fixed prior over sibling ranks instead
 of the head's confidence gives a fixed shape (which ranks under which); drafting fills it with
 the head's candidates at those ranks, whatever their confidence.
+
+Branches: another drafter's chain (prompt lookup's copy of earlier text) can join the tree with
+its own confidence; the head's best nodes and the chain's compete for the same measured rows.
 """
 
 from __future__ import annotations
@@ -57,19 +60,51 @@ TREE_KINDS = ("dynamic", "static")
 RANK_PRIOR = torch.tensor([0.6, 0.15, 0.07, 0.04, 0.03, 0.02, 0.015, 0.01]).log()
 
 
-def draft_tree(first: torch.Tensor, expand: Expand, shape: TreeShape) -> tuple[list[int], list[int]]:
-    """The tree of `shape.kind` -> (tokens as indices into the head's vocabulary, parents)."""
-    return grow_tree(first, expand, shape) if shape.kind == "dynamic" else fill_static_tree(first, expand, shape)
+def draft_tree(first: torch.Tensor, expand: Expand, shape: TreeShape, vocab: torch.Tensor,
+               branch: tuple[list[int], list[float]] | None = None) -> tuple[list[int], list[int]]:
+    """The tree of `shape.kind` -> (target token ids, parents). vocab [V'] maps the head's
+    vocabulary to the target's. branch: another drafter's chain (target ids) and the log of each
+    node's chance that its path is right, merged in to compete with the head's nodes."""
+    grow = grow_tree if shape.kind == "dynamic" else fill_static_tree
+    tokens, parents, scores = keep_most_confident(*grow(first, expand, shape), shape.nodes)
+    tokens = vocab[torch.tensor(tokens, dtype=torch.long, device=vocab.device)].tolist()
+    if branch is not None and branch[0]:
+        tokens, parents, scores = merge_chain(tokens, parents, scores, *branch)
+    nodes = shape.nodes if branch is not None else len(tokens)
+    if shape.pass_ms:  # each node's confidence against what verifying it costs
+        nodes = best_tree_size([math.exp(s) for s in sorted(scores, reverse=True)], dict(shape.pass_ms))
+    return keep_most_confident(tokens, parents, scores, nodes)[:2]
+
+
+def merge_chain(tokens: list[int], parents: list[int], scores: list[float], chain: list[int],
+                chain_scores: list[float]) -> tuple[list[int], list[int], list[float]]:
+    """The tree with a chain of tokens hung under its root: where the chain follows the tree's
+    nodes it shares them (a shared node keeps the higher score), then it grows new nodes. Both
+    kinds of score fall along a path, so the merged scores do too."""
+    tokens, parents, scores = list(tokens), list(parents), list(scores)
+    node = -1
+    for token, score in zip(chain, chain_scores):
+        child = next((n for n in range(len(tokens)) if parents[n] == node and tokens[n] == token), None)
+        if child is None:
+            child = len(tokens)
+            tokens.append(token), parents.append(node), scores.append(score)
+        else:
+            scores[child] = max(scores[child], score)
+        node = child
+    return tokens, parents, scores
 
 
 def static_shape(shape: TreeShape) -> tuple[list[int], list[int]]:
-    """(sibling rank of each node, parents): the dynamic rule over RANK_PRIOR."""
+    """(sibling rank of each node, parents): the dynamic rule over RANK_PRIOR, `shape.nodes` of them."""
     prior = RANK_PRIOR[: shape.top_k]
-    return grow_tree(prior, lambda frontier, tokens, parents: prior.expand(len(frontier), -1), shape)
+    ranks, parents, scores = grow_tree(prior, lambda frontier, tokens, parents: prior.expand(len(frontier), -1), shape)
+    return keep_most_confident(ranks, parents, scores, shape.nodes)[:2]
 
 
-def fill_static_tree(first: torch.Tensor, expand: Expand, shape: TreeShape) -> tuple[list[int], list[int]]:
-    """The static shape, each node the head's candidate of its rank under its parent."""
+def fill_static_tree(first: torch.Tensor, expand: Expand,
+                     shape: TreeShape) -> tuple[list[int], list[int], list[float]]:
+    """The static shape, each node the head's candidate of its rank under its parent -> (tokens,
+    parents, the prior's score of each node's place in the shape)."""
     ranks, parents = static_shape(shape)
     level = depths(parents)
     tokens = [-1] * len(ranks)
@@ -84,12 +119,21 @@ def fill_static_tree(first: torch.Tensor, expand: Expand, shape: TreeShape) -> t
             order = logp[row].topk(shape.top_k).indices
             for child in (n for n in range(len(ranks)) if parents[n] == parent):
                 tokens[child] = int(order[ranks[child]])
-    return tokens, parents
+    return tokens, parents, path_scores(ranks, parents)
 
 
-def grow_tree(first: torch.Tensor, expand: Expand, shape: TreeShape) -> tuple[list[int], list[int]]:
-    """first [V'] log-probs of the root's children -> (tokens, parents) of the kept tree, tokens as
-    indices into the head's vocabulary, parents before children."""
+def path_scores(ranks: list[int], parents: list[int]) -> list[float]:
+    """Each node's log-prior: the sum of RANK_PRIOR over the ranks on its path."""
+    scores: list[float] = []
+    for rank, parent in zip(ranks, parents):
+        scores.append(float(RANK_PRIOR[rank]) + (scores[parent] if parent >= 0 else 0.0))
+    return scores
+
+
+def grow_tree(first: torch.Tensor, expand: Expand, shape: TreeShape) -> tuple[list[int], list[int], list[float]]:
+    """first [V'] log-probs of the root's children -> (tokens, parents, scores) of every node grown
+    (keep the best `shape.nodes` of them), tokens as indices into the head's vocabulary, parents
+    before children, scores the log of each path's confidence."""
     tokens: list[int] = []
     parents: list[int] = []
     scores: list[float] = []
@@ -115,17 +159,14 @@ def grow_tree(first: torch.Tensor, expand: Expand, shape: TreeShape) -> tuple[li
                 grown.append(len(tokens))
                 tokens.append(token), parents.append(node), scores.append(value)
         frontier = sorted(grown, key=lambda n: -scores[n])[: shape.top_k]
-    nodes = shape.nodes
-    if shape.pass_ms:  # the head's confidence in each path against what verifying it costs
-        best = sorted(scores, reverse=True)[:nodes]
-        nodes = best_tree_size([math.exp(s) for s in best], dict(shape.pass_ms))
-    return keep_most_confident(tokens, parents, scores, nodes)
+    return tokens, parents, scores
 
 
 def keep_most_confident(tokens: list[int], parents: list[int], scores: list[float],
-                        nodes: int) -> tuple[list[int], list[int]]:
+                        nodes: int) -> tuple[list[int], list[int], list[float]]:
     """The `nodes` highest-scoring nodes (ties: the earlier node), renumbered in their old order.
     Ancestors score at least as high as their descendants and come first, so they are kept too."""
     kept = sorted(sorted(range(len(tokens)), key=lambda n: (-scores[n], n))[:nodes])
     new_index = {old: new for new, old in enumerate(kept)}
-    return [tokens[n] for n in kept], [new_index[parents[n]] if parents[n] >= 0 else -1 for n in kept]
+    return ([tokens[n] for n in kept], [new_index[parents[n]] if parents[n] >= 0 else -1 for n in kept],
+            [scores[n] for n in kept])

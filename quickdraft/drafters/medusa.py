@@ -3,12 +3,13 @@ positions ahead at once; their top guesses form a tree that the target verifies 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from quickdraft.drafters.base import Draft, DraftRequest, SequenceDrafter, StepOutcome
 from quickdraft.drafters.head_tree import TreeShape, draft_tree
+from quickdraft.drafters.lookup_branch import BranchRecord, LookupBranch
 from quickdraft.heads.medusa import MedusaHeads
 from quickdraft.tree import ancestors
 
@@ -16,6 +17,7 @@ from quickdraft.tree import ancestors
 @dataclass
 class MedusaState:
     hidden: torch.Tensor | None = None  # [H]: where the target predicted the newest token
+    branch: BranchRecord = field(default_factory=BranchRecord)
 
 
 class MedusaDrafter(SequenceDrafter):
@@ -27,8 +29,8 @@ class MedusaDrafter(SequenceDrafter):
     needs_hidden = True
 
     def __init__(self, heads: MedusaHeads, top_k: int = 4, nodes: int = 4, tree: str = "dynamic",
-                 pass_ms: dict[int, float] | None = None) -> None:
-        self.heads = heads
+                 pass_ms: dict[int, float] | None = None, branch: LookupBranch | None = None) -> None:
+        self.heads, self.branch = heads, branch
         self.top_k, self.nodes, self.tree = top_k, nodes, tree
         self.pass_ms = tuple(sorted((pass_ms or {}).items()))  # given: `nodes` is a cap, chosen per step
         TreeShape(1, top_k, nodes, tree)  # refuse bad settings now, not at the first step
@@ -38,6 +40,7 @@ class MedusaDrafter(SequenceDrafter):
 
     def update(self, state: MedusaState, outcome: StepOutcome) -> None:
         state.hidden = outcome.hidden[-1].float()
+        LookupBranch.learn(state.branch, outcome.path)
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[Draft]:
@@ -48,18 +51,19 @@ class MedusaDrafter(SequenceDrafter):
         states = torch.stack([requests[i].state.hidden for i in ready])  # [B, H]
         logp = torch.log_softmax(self.heads(states), dim=-1)  # [heads, B, V']
         for row, i in enumerate(ready):
-            drafts[i] = self._tree(logp[:, row], requests[i].k)
+            drafts[i] = self._tree(logp[:, row], requests[i])
         return drafts
 
-    def _tree(self, logp: torch.Tensor, k: int) -> Draft:
+    def _tree(self, logp: torch.Tensor, request: DraftRequest) -> Draft:
         """logp [heads, V'] of one sequence -> its tree of guesses."""
+        k, record = request.k, request.state.branch
         shape = TreeShape(min(k, self.heads.heads), self.top_k, self.nodes, self.tree, self.pass_ms)
 
         def expand(frontier: list[int], drafted: list[int], parents: list[int]) -> torch.Tensor:
             depth = len(ancestors(frontier[0], parents))  # the frontier is one level
             return logp[depth].expand(len(frontier), -1)  # [F, V']: head `depth` guesses one level deeper
 
-        ids, parents = draft_tree(logp[0], expand, shape)
-        if not ids:  # drafting does not pay this step (TreeShape.pass_ms)
-            return Draft()
-        return Draft(self.heads.vocab[ids].tolist(), None, parents)
+        branch = None if self.branch is None else self.branch.propose(record, request.tokens, k)
+        tokens, parents = draft_tree(logp[0], expand, shape, self.heads.vocab, branch)
+        LookupBranch.drafted(record, tokens, parents)
+        return Draft(tokens, None, parents) if tokens else Draft()  # none: drafting does not pay this step

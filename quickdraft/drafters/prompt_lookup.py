@@ -19,10 +19,7 @@ class PromptLookupDrafter(SequenceDrafter):
     """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 2) -> None:
-        if not 1 <= min_ngram <= max_ngram:
-            raise QuickdraftError(
-                f"prompt lookup needs 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}"
-            )
+        check_ngrams(max_ngram, min_ngram)
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
@@ -30,6 +27,11 @@ class PromptLookupDrafter(SequenceDrafter):
         if request.k < 1:
             return Draft()
         return Draft(lookup_continuation(request.tokens, request.k, self.max_ngram, self.min_ngram))
+
+
+def check_ngrams(max_ngram: int, min_ngram: int) -> None:
+    if not 1 <= min_ngram <= max_ngram:
+        raise QuickdraftError(f"prompt lookup needs 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
 
 
 def lookup_continuation(tokens: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
