@@ -125,8 +125,9 @@ class Generation:
         remaining = self.max_new_tokens - len(self.new_tokens)
         room = self.target.max_length - len(self.tokens)  # cache slots left after the last token
         # Drafts past the end of the output can never be used; the target pass yields one more.
-        k = max(0, min(self.draft_length.next_k(), remaining - 1, room))
-        return k, room, DraftRequest(self.draft_state, self.tokens, k, self.sampling, self.generator)
+        reach = max(0, min(remaining - 1, room))
+        k = min(self.draft_length.next_k(), reach)
+        return k, room, DraftRequest(self.draft_state, self.tokens, k, self.sampling, self.generator, reach)
 
     def lay_out(self, k: int, room: int, draft: Draft, draft_time: float) -> PassPlan:
         """The target pass that verifies `draft`: inputs, positions and mask."""

@@ -157,7 +157,7 @@ def tree_nodes(parts: Parts, config: MethodConfig) -> tuple[int, dict[int, float
 
 
 def lookup_branch(config: MethodConfig) -> LookupBranch | None:
-    return LookupBranch(config.max_ngram, config.min_ngram) if config.lookup else None
+    return LookupBranch(config.max_ngram, config.min_ngram, config.k_max) if config.lookup else None
 
 
 def _build_medusa(parts: Parts, config: MethodConfig) -> Drafter:

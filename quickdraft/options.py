@@ -122,7 +122,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("draft_length", "fixed K; adaptive (grow after full accepts, shrink after rejections); cost (the K, "
            "or none, that maximises expected tokens/s from measured times); default: cost for prompt-lookup, "
            "else fixed", kind=str, choices=("fixed", "adaptive", "cost")),
-    Option("k_max", "upper bound on K for adaptive and cost", default=16, low=1, high=MAX_K),
+    Option("k_max", "upper bound on K for adaptive and cost; eagle/medusa: the lookup branch's longest chain",
+           default=16, low=1, high=MAX_K),
     Option("confidence", "draft models: stop drafting when the draft's top probability falls below this",
            kind=float, low=0.0, high=1.0, methods=DRAFT_MODELS),
     Option("max_ngram", "prompt lookup (and eagle/medusa's lookup branch): longest n-gram to match", default=3,

@@ -75,6 +75,7 @@ class DraftRequest:
     k: int
     sampling: SamplingParams
     generator: torch.Generator
+    reach: int | None = None  # the deepest a path can still be of use (the output's or the cache's end); None: k
 
 
 @dataclass

@@ -99,7 +99,7 @@ class EagleDrafter(SequenceDrafter):
             return torch.log_softmax(self.head.logits(out), dim=-1)  # [F, V']
 
         first = torch.log_softmax(self.head.logits(state.predicted), dim=-1)  # [V']
-        branch = None if self.branch is None else self.branch.propose(state.branch, request.tokens, k)
+        branch = None if self.branch is None else self.branch.propose(state.branch, request.tokens, request.reach or k)
         try:
             tokens, parents = draft_tree(first, expand, TreeShape(k, self.top_k, self.nodes, self.tree, self.pass_ms),
                                          self.head.vocab, branch)

@@ -34,15 +34,20 @@ class BranchRecord:
 
 @dataclass(frozen=True)
 class LookupBranch:
+    """most: the longest chain, whatever the tree's depth (a copy can run far; sizing by the
+    measured pass costs decides how much of it pays)."""
+
     max_ngram: int = 3
     min_ngram: int = 2
+    most: int = 16
 
     def __post_init__(self) -> None:
         check_ngrams(self.max_ngram, self.min_ngram)
 
-    def propose(self, record: BranchRecord, tokens: list[int], k: int) -> tuple[list[int], list[float]]:
-        """Up to k tokens to follow `tokens`, with the log of each one's chance that its whole path
-        is right (the record's rate per token: a path of d tokens, rate^d)."""
+    def propose(self, record: BranchRecord, tokens: list[int], room: int) -> tuple[list[int], list[float]]:
+        """Up to `most` tokens (and `room`) to follow `tokens`, with the log of each one's chance that
+        its whole path is right (the record's rate per token: a path of d tokens, rate^d)."""
+        k = min(self.most, room)
         chain = lookup_continuation(tokens, k, self.max_ngram, self.min_ngram) if k >= 1 else []
         record.chain, record.verified = tuple(chain), 0
         log_rate = math.log(record.rate)

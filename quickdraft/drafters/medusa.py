@@ -63,7 +63,7 @@ class MedusaDrafter(SequenceDrafter):
             depth = len(ancestors(frontier[0], parents))  # the frontier is one level
             return logp[depth].expand(len(frontier), -1)  # [F, V']: head `depth` guesses one level deeper
 
-        branch = None if self.branch is None else self.branch.propose(record, request.tokens, k)
+        branch = None if self.branch is None else self.branch.propose(record, request.tokens, request.reach or k)
         tokens, parents = draft_tree(logp[0], expand, shape, self.heads.vocab, branch)
         LookupBranch.drafted(record, tokens, parents)
         return Draft(tokens, None, parents) if tokens else Draft()  # none: drafting does not pay this step
