@@ -7,7 +7,7 @@ import torch
 
 from conftest import DEVICES, loaded, tiny_llama
 from quickdraft import Decoder
-from quickdraft.drafters.lookup_branch import BranchRecord
+from quickdraft.drafters.tree_record import TreeRecord
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.distill import regenerate
 from quickdraft.heads.features import extract_features, load_features
@@ -254,7 +254,7 @@ def test_a_lookup_branch_stays_exact_and_gets_accepted(tiny_target, heads, metho
         while not generation.done:
             assert len(generation.step().draft_tokens) <= 4
         assert generation.new_tokens == plain.generate(prompt, max_new_tokens=60).token_ids
-        record = generation.draft_state.branch
-        from_branch += record.accepted - BranchRecord().accepted
-        assert record.accepted < record.tried
+        record, start = generation.draft_state.record, TreeRecord()
+        from_branch += record.first.accepted - start.first.accepted + record.next.accepted - start.next.accepted
+        assert record.first.accepted < record.first.tried and record.next.accepted < record.next.tried
     assert from_branch > 0

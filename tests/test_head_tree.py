@@ -16,7 +16,8 @@ def logp(*probs):
 
 def kept(first, expand, shape):
     """The tree a head drafts with `shape`, in the head's own ids (an identity vocabulary)."""
-    return draft_tree(first, expand, shape, torch.arange(first.shape[-1]))
+    tree = draft_tree(first, expand, shape, torch.arange(first.shape[-1]))
+    return tree.tokens, tree.parents
 
 
 def test_rerank_keeps_the_most_confident_nodes_as_a_tree():
@@ -132,11 +133,12 @@ def test_a_chain_shares_the_nodes_it_follows_and_keeps_the_higher_score():
     tokens, parents, scores = [5, 6, 7], [-1, -1, 0], [math.log(0.6), math.log(0.2), math.log(0.3)]
     chain, chain_scores = [5, 8, 9], [math.log(0.5), math.log(0.25), math.log(0.125)]
     merged = merge_chain(tokens, parents, scores, chain, chain_scores)
-    assert merged[0] == [5, 6, 7, 8, 9] and merged[1] == [-1, -1, 0, 0, 3]
+    assert merged[0] == [5, 6, 7, 8, 9] and merged[1] == [-1, -1, 0, 0, 3] and merged[3] == [0, 3, 4]
     assert [round(math.exp(s), 3) for s in merged[2]] == [0.6, 0.2, 0.3, 0.25, 0.125]
     higher = merge_chain(tokens, parents, scores, [5, 7], [math.log(0.9), math.log(0.8)])
-    assert higher[:2] == (tokens, parents) and [round(math.exp(s), 3) for s in higher[2]] == [0.9, 0.2, 0.8]
-    assert merge_chain(tokens, parents, scores, [], []) == (tokens, parents, scores)
+    assert higher[:2] == (tokens, parents) and higher[3] == [0, 2]
+    assert [round(math.exp(s), 3) for s in higher[2]] == [0.9, 0.2, 0.8]
+    assert merge_chain(tokens, parents, scores, [], []) == (tokens, parents, scores, [])
 
 
 def test_a_branch_competes_with_the_head_for_the_rows():
@@ -147,15 +149,24 @@ def test_a_branch_competes_with_the_head_for_the_rows():
     vocab = torch.tensor([10, 11, 12])  # head ids -> target ids
     shape = TreeShape(depth=3, top_k=2, nodes=3)
     head_only = draft_tree(first, expand, shape, vocab)
-    assert head_only == ([10, 11, 10], [-1, -1, 0])  # .4, .35, .2
+    assert (head_only.tokens, head_only.parents) == ([10, 11, 10], [-1, -1, 0])  # .4, .35, .2
+    assert [round(p, 3) for p in head_only.head] == [0.4, 0.35, 0.2] and head_only.chain == []
     sure = [20, 21, 22], [math.log(0.9), math.log(0.81), math.log(0.729)]
     # A fixed size: the three most confident nodes of both, here the whole branch.
-    assert draft_tree(first, expand, shape, vocab, sure) == ([20, 21, 22], [-1, 0, 1])
+    tree = draft_tree(first, expand, shape, vocab, sure)
+    assert (tree.tokens, tree.parents, tree.head, tree.chain) == ([20, 21, 22], [-1, 0, 1], [0.0] * 3, [0, 1, 2])
     unsure = [20, 21], [math.log(0.1), math.log(0.01)]
     assert draft_tree(first, expand, shape, vocab, unsure) == head_only
     # Sized by cost: the branch's rows come on top of the head's best `nodes`, kept where they pay.
     flat = tuple((n, 10.0) for n in (1, 2, 4, 8))
-    tokens, parents = draft_tree(first, expand, TreeShape(3, 2, 3, pass_ms=flat), vocab, sure)
-    assert sorted(tokens) == [10, 10, 11, 20, 21, 22]
+    tree = draft_tree(first, expand, TreeShape(3, 2, 3, pass_ms=flat), vocab, sure)
+    assert sorted(tree.tokens) == [10, 10, 11, 20, 21, 22]
     steps = ((1, 10.0), (2, 11.0), (4, 12.0), (5, 30.0), (8, 31.0))
-    assert draft_tree(first, expand, TreeShape(3, 2, 3, pass_ms=steps), vocab, sure) == ([20, 21, 22], [-1, 0, 1])
+    tree = draft_tree(first, expand, TreeShape(3, 2, 3, pass_ms=steps), vocab, sure)
+    assert (tree.tokens, tree.parents) == ([20, 21, 22], [-1, 0, 1])
+    # A head proved overconfident (half its estimate): sizing sees half its confidence.
+    scaled = draft_tree(first, expand, shape, vocab, head_scale=math.log(0.5))
+    assert [round(p, 3) for p in scaled.head] == [0.2, 0.175, 0.1]
+    sized = TreeShape(3, 2, 3, pass_ms=((1, 10.0), (2, 14.0), (4, 16.0)))
+    assert len(draft_tree(first, expand, sized, vocab).tokens) == 3  # 1.95 tokens / 16 ms beats 1 / 10
+    assert draft_tree(first, expand, sized, vocab, head_scale=math.log(0.5)).tokens == []  # 1.475 / 16 does not

@@ -22,7 +22,8 @@ import torch
 from quickdraft.backends.kv_cache import KVCache
 from quickdraft.drafters.base import Draft, DraftRequest, SequenceDrafter, StepOutcome
 from quickdraft.drafters.head_tree import TreeShape, draft_tree
-from quickdraft.drafters.lookup_branch import BranchRecord, LookupBranch
+from quickdraft.drafters.lookup_branch import LookupBranch
+from quickdraft.drafters.tree_record import TreeRecord
 from quickdraft.heads.eagle import EagleHead
 from quickdraft.heads.eagle3 import Eagle3Head
 from quickdraft.tree import ancestors
@@ -36,7 +37,7 @@ class EagleState:
     tokens: list[int]
     pending: list[tuple[torch.Tensor, list[int]]] = field(default_factory=list)  # (f rows [m, H], the m tokens after)
     predicted: torch.Tensor | None = None  # [H]: the head's prediction after the newest token
-    branch: BranchRecord = field(default_factory=BranchRecord)
+    record: TreeRecord = field(default_factory=TreeRecord)
 
 
 class EagleDrafter(SequenceDrafter):
@@ -59,7 +60,7 @@ class EagleDrafter(SequenceDrafter):
 
     def update(self, state: EagleState, outcome: StepOutcome) -> None:
         state.tokens = list(outcome.tokens)  # the cache holds verified pairs only: nothing to drop
-        LookupBranch.learn(state.branch, outcome.path)
+        state.record.learn(outcome.path)
         self._receive(state, outcome.hidden)
 
     def _receive(self, state: EagleState, hidden: torch.Tensor | None) -> None:
@@ -99,14 +100,15 @@ class EagleDrafter(SequenceDrafter):
             return torch.log_softmax(self.head.logits(out), dim=-1)  # [F, V']
 
         first = torch.log_softmax(self.head.logits(state.predicted), dim=-1)  # [V']
-        branch = None if self.branch is None else self.branch.propose(state.branch, request.tokens, request.reach or k)
+        record = state.record
+        branch = None if self.branch is None else self.branch.propose(record, request.tokens, request.reach or k)
         try:
-            tokens, parents = draft_tree(first, expand, TreeShape(k, self.top_k, self.nodes, self.tree, self.pass_ms),
-                                         self.head.vocab, branch)
+            record.latest = draft_tree(first, expand, TreeShape(k, self.top_k, self.nodes, self.tree, self.pass_ms),
+                                       self.head.vocab, branch, record.head_scale)
         finally:
             cache.truncate(root)  # the tree's entries go: only verified pairs stay
-        LookupBranch.drafted(state.branch, tokens, parents)
-        return Draft(tokens, None, parents) if tokens else Draft()  # none: drafting does not pay this step
+        tree = record.latest
+        return Draft(tree.tokens, None, tree.parents) if tree.tokens else Draft()  # none: drafting does not pay
 
     def _commit(self, state: EagleState) -> torch.Tensor:
         """Feed the pending verified pairs into the cache; the last output (predicted next state)."""

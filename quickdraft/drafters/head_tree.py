@@ -60,29 +60,49 @@ TREE_KINDS = ("dynamic", "static")
 RANK_PRIOR = torch.tensor([0.6, 0.15, 0.07, 0.04, 0.03, 0.02, 0.015, 0.01]).log()
 
 
+@dataclass
+class TreeDraft:
+    """A drafted tree in target ids, parents before children. head: each node's probability that
+    its path is right by the head (calibrated; 0 for a node only the branch proposed); chain: the
+    branch's nodes in the tree, root to leaf (a prefix of its chain: sizing may cut the rest)."""
+
+    tokens: list[int]
+    parents: list[int]
+    head: list[float]
+    chain: list[int]
+
+
 def draft_tree(first: torch.Tensor, expand: Expand, shape: TreeShape, vocab: torch.Tensor,
-               branch: tuple[list[int], list[float]] | None = None) -> tuple[list[int], list[int]]:
-    """The tree of `shape.kind` -> (target token ids, parents). vocab [V'] maps the head's
-    vocabulary to the target's. branch: another drafter's chain (target ids) and the log of each
-    node's chance that its path is right, merged in to compete with the head's nodes."""
+               branch: tuple[list[int], list[float]] | None = None, head_scale: float = 0.0) -> TreeDraft:
+    """The tree of `shape.kind`. vocab [V'] maps the head's vocabulary to the target's. branch:
+    another drafter's chain (target ids) and the log of each node's chance that its path is
+    right, merged in to compete with the head's nodes. head_scale: the log of how far the head's
+    confidence has proved right for this sequence (<= 0), added to each of its nodes' scores."""
     grow = grow_tree if shape.kind == "dynamic" else fill_static_tree
-    tokens, parents, scores = keep_most_confident(*grow(first, expand, shape), shape.nodes)
-    tokens = vocab[torch.tensor(tokens, dtype=torch.long, device=vocab.device)].tolist()
+    ids, parents, scores = keep_most_confident(*grow(first, expand, shape), shape.nodes)
+    tokens = vocab[torch.tensor(ids, dtype=torch.long, device=vocab.device)].tolist()
+    scores = [s + head_scale for s in scores]
+    head, chain = list(scores), []
     if branch is not None and branch[0]:
-        tokens, parents, scores = merge_chain(tokens, parents, scores, *branch)
+        tokens, parents, scores, chain = merge_chain(tokens, parents, scores, *branch)
+        head += [-math.inf] * (len(tokens) - len(head))
     nodes = shape.nodes if branch is not None else len(tokens)
     if shape.pass_ms:  # each node's confidence against what verifying it costs
         nodes = best_tree_size([math.exp(s) for s in sorted(scores, reverse=True)], dict(shape.pass_ms))
-    return keep_most_confident(tokens, parents, scores, nodes)[:2]
+    kept = most_confident(scores, nodes)
+    new_index = {old: new for new, old in enumerate(kept)}
+    return TreeDraft([tokens[n] for n in kept], renumbered(parents, kept), [math.exp(head[n]) for n in kept],
+                     [new_index[n] for n in chain if n in new_index])
 
 
 def merge_chain(tokens: list[int], parents: list[int], scores: list[float], chain: list[int],
-                chain_scores: list[float]) -> tuple[list[int], list[int], list[float]]:
-    """The tree with a chain of tokens hung under its root: where the chain follows the tree's
-    nodes it shares them (a shared node keeps the higher score), then it grows new nodes. Both
-    kinds of score fall along a path, so the merged scores do too."""
+                chain_scores: list[float]) -> tuple[list[int], list[int], list[float], list[int]]:
+    """The tree with a chain of tokens hung under its root -> (tokens, parents, scores, the chain's
+    nodes). Where the chain follows the tree's nodes it shares them (a shared node keeps the
+    higher score), then it grows new nodes. Both kinds of score fall along a path, so the merged
+    scores do too."""
     tokens, parents, scores = list(tokens), list(parents), list(scores)
-    node = -1
+    node, nodes = -1, []
     for token, score in zip(chain, chain_scores):
         child = next((n for n in range(len(tokens)) if parents[n] == node and tokens[n] == token), None)
         if child is None:
@@ -91,7 +111,8 @@ def merge_chain(tokens: list[int], parents: list[int], scores: list[float], chai
         else:
             scores[child] = max(scores[child], score)
         node = child
-    return tokens, parents, scores
+        nodes.append(child)
+    return tokens, parents, scores, nodes
 
 
 def static_shape(shape: TreeShape) -> tuple[list[int], list[int]]:
@@ -166,7 +187,16 @@ def keep_most_confident(tokens: list[int], parents: list[int], scores: list[floa
                         nodes: int) -> tuple[list[int], list[int], list[float]]:
     """The `nodes` highest-scoring nodes (ties: the earlier node), renumbered in their old order.
     Ancestors score at least as high as their descendants and come first, so they are kept too."""
-    kept = sorted(sorted(range(len(tokens)), key=lambda n: (-scores[n], n))[:nodes])
+    kept = most_confident(scores, nodes)
+    return [tokens[n] for n in kept], renumbered(parents, kept), [scores[n] for n in kept]
+
+
+def most_confident(scores: list[float], nodes: int) -> list[int]:
+    """The indices of the `nodes` highest scores (ties: the earlier node), in their old order."""
+    return sorted(sorted(range(len(scores)), key=lambda n: (-scores[n], n))[:nodes])
+
+
+def renumbered(parents: list[int], kept: list[int]) -> list[int]:
+    """The parents of the `kept` nodes (each kept with its ancestors), as indices among them."""
     new_index = {old: new for new, old in enumerate(kept)}
-    return ([tokens[n] for n in kept], [new_index[parents[n]] if parents[n] >= 0 else -1 for n in kept],
-            [scores[n] for n in kept])
+    return [new_index[parents[n]] if parents[n] >= 0 else -1 for n in kept]

@@ -9,7 +9,8 @@ import torch
 
 from quickdraft.drafters.base import Draft, DraftRequest, SequenceDrafter, StepOutcome
 from quickdraft.drafters.head_tree import TreeShape, draft_tree
-from quickdraft.drafters.lookup_branch import BranchRecord, LookupBranch
+from quickdraft.drafters.lookup_branch import LookupBranch
+from quickdraft.drafters.tree_record import TreeRecord
 from quickdraft.heads.medusa import MedusaHeads
 from quickdraft.tree import ancestors
 
@@ -17,7 +18,7 @@ from quickdraft.tree import ancestors
 @dataclass
 class MedusaState:
     hidden: torch.Tensor | None = None  # [H]: where the target predicted the newest token
-    branch: BranchRecord = field(default_factory=BranchRecord)
+    record: TreeRecord = field(default_factory=TreeRecord)
 
 
 class MedusaDrafter(SequenceDrafter):
@@ -40,7 +41,7 @@ class MedusaDrafter(SequenceDrafter):
 
     def update(self, state: MedusaState, outcome: StepOutcome) -> None:
         state.hidden = outcome.hidden[-1].float()
-        LookupBranch.learn(state.branch, outcome.path)
+        state.record.learn(outcome.path)
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[Draft]:
@@ -56,7 +57,7 @@ class MedusaDrafter(SequenceDrafter):
 
     def _tree(self, logp: torch.Tensor, request: DraftRequest) -> Draft:
         """logp [heads, V'] of one sequence -> its tree of guesses."""
-        k, record = request.k, request.state.branch
+        k, record = request.k, request.state.record
         shape = TreeShape(min(k, self.heads.heads), self.top_k, self.nodes, self.tree, self.pass_ms)
 
         def expand(frontier: list[int], drafted: list[int], parents: list[int]) -> torch.Tensor:
@@ -64,6 +65,5 @@ class MedusaDrafter(SequenceDrafter):
             return logp[depth].expand(len(frontier), -1)  # [F, V']: head `depth` guesses one level deeper
 
         branch = None if self.branch is None else self.branch.propose(record, request.tokens, request.reach or k)
-        tokens, parents = draft_tree(logp[0], expand, shape, self.heads.vocab, branch)
-        LookupBranch.drafted(record, tokens, parents)
-        return Draft(tokens, None, parents) if tokens else Draft()  # none: drafting does not pay this step
+        record.latest = tree = draft_tree(logp[0], expand, shape, self.heads.vocab, branch, record.head_scale)
+        return Draft(tree.tokens, None, tree.parents) if tree.tokens else Draft()  # none: drafting does not pay
