@@ -148,7 +148,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("tree", "eagle/medusa: dynamic (EAGLE-2: the most confident paths) or static (a fixed shape)",
            kind=str, default="dynamic", choices=("dynamic", "static"), methods=HEADS),
     Option("lookup", "eagle/medusa: add prompt lookup's copy of earlier text to the tree as a branch that "
-           "competes with the head's guesses for the verified rows", kind=bool, default=False, methods=HEADS),
+           "competes with the head's guesses for the verified rows (false: the head's guesses alone)", kind=bool,
+           default=True, methods=HEADS),
     Option("full_vocab", "eagle/medusa: draft over the whole vocabulary, not the head's most frequent tokens",
            kind=bool, default=False, methods=HEADS),
     Option("backend", "auto (on a GPU: static for Llama, Mistral, Qwen2; on a CPU: llama.cpp for a GGUF target "

@@ -223,22 +223,51 @@ def test_the_tree_size_follows_the_targets_measured_pass_costs(tiny_target, head
         assert costs and measured.drafter.nodes == tree_budget(costs) and dict(measured.drafter.pass_ms) == costs
 
 
+@pytest.mark.parametrize("lookup", [False, True])
 @pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
-def test_trees_sized_each_step_by_measured_cost_greedy_equal_plain(tiny_target, heads, method):
-    # Rows that cost in steps (int4's four at a time): each step keeps 0..4 nodes by the head's confidence.
+def test_trees_sized_each_step_by_measured_cost_greedy_equal_plain(tiny_target, heads, method, lookup):
+    # Rows that cost in steps (int4's four at a time): each step keeps 0..4 head nodes by the head's
+    # confidence (with a lookup branch, its nodes as well).
     from quickdraft.backends.select import make_backend
 
     target = loaded(tiny_target, "t")
     make_backend(target, "native", "fp32", "cpu", measure=False).pass_ms = {1: 10.0, 2: 11.0, 3: 12.5, 4: 12.5,
                                                                             5: 20.0, 8: 21.0}
-    spec = Decoder(target, None, method_of(method), head=str(heads / method), measure_shapes=False)
+    spec = Decoder(target, None, method_of(method), head=str(heads / method), measure_shapes=False, lookup=lookup)
     plain = Decoder(loaded(tiny_target, "t"), None, "none", measure_shapes=False)
     sizes = set()
     for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [4]):
         out = spec.generate(prompt, max_new_tokens=40)
         assert out.token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
         sizes |= {len(step.draft_tokens) for step in out.steps}
-    assert max(sizes) <= 4 and len(sizes) > 1, sizes
+    assert len(sizes) > 1 and (max(sizes) <= 4 or lookup), sizes
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_an_eagle_head_rests_where_none_of_its_nodes_could_pay(tiny_target, heads, method):
+    # A sequence whose record says its head gets 5% of what it expects: no head node can pay for
+    # its row, so the head skips drafting (a plain pass, or the lookup branch alone), and still
+    # drafts every RECHECK_EVERY steps (its record may recover); the output stays exact.
+    from quickdraft.backends.select import make_backend
+    from quickdraft.drafters.tree_record import RECHECK_EVERY
+
+    target = loaded(tiny_target, "t")
+    make_backend(target, "native", "fp32", "cpu", measure=False).pass_ms = {1: 10.0, 2: 11.0, 3: 12.5, 4: 12.5,
+                                                                            5: 20.0, 8: 21.0}
+    spec = Decoder(target, None, "eagle", head=str(heads / method), measure_shapes=False, lookup=True)
+    plain = Decoder(loaded(tiny_target, "t"), None, "none", measure_shapes=False)
+    rested = drafted = 0
+    for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9]):
+        generation = spec.start(prompt, max_new_tokens=60)
+        record = generation.draft_state.record
+        record.head_expected, record.head_accepted = 1000.0, 50.0
+        while not generation.done:
+            generation.step()
+            idle = generation.draft_state.record.idle
+            assert idle < RECHECK_EVERY
+            rested, drafted = rested + (idle > 0), drafted + (idle == 0)
+        assert generation.new_tokens == plain.generate(prompt, max_new_tokens=60).token_ids
+    assert rested > drafted > 0, (rested, drafted)
 
 
 @pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])

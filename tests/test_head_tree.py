@@ -170,3 +170,27 @@ def test_a_branch_competes_with_the_head_for_the_rows():
     sized = TreeShape(3, 2, 3, pass_ms=((1, 10.0), (2, 14.0), (4, 16.0)))
     assert len(draft_tree(first, expand, sized, vocab).tokens) == 3  # 1.95 tokens / 16 ms beats 1 / 10
     assert draft_tree(first, expand, sized, vocab, head_scale=math.log(0.5)).tokens == []  # 1.475 / 16 does not
+
+
+def test_the_head_rests_only_when_none_of_its_nodes_could_pay():
+    from quickdraft.drafters.head_tree import chain_draft, head_cannot_pay
+
+    steps = {1: 10.0, 2: 11.0, 4: 12.0, 5: 30.0, 8: 31.0}
+    sure = [math.log(0.95), math.log(0.9), math.log(0.85)]
+    # A head proved weak (each path at most 0.2) beside a sure copy: the copy's three rows pay, the
+    # head's could only come after them, at four rows' price or more.
+    assert head_cannot_pay(sure, math.log(0.2), 4, steps) == 3
+    assert head_cannot_pay(sure, math.log(0.9), 4, steps) is None  # the head might beat the copy
+    assert head_cannot_pay([], math.log(0.02), 4, steps) == 0  # nothing pays: a plain pass, no drafting
+    assert head_cannot_pay([], math.log(0.5), 4, steps) is None
+    # Against the full drafting it stands in for: a head whose nodes score under the bound.
+    vocab = torch.tensor([10, 11, 12])
+
+    def expand(frontier, tokens, parents):
+        return torch.stack([logp(0.9, 0.05, 0.05)] * len(frontier))
+
+    tree = draft_tree(logp(0.9, 0.05, 0.05), expand, TreeShape(3, 2, 4, pass_ms=tuple(steps.items())), vocab,
+                      ([20, 21, 22], sure), head_scale=math.log(0.2))
+    alone = chain_draft([20, 21, 22], 3)
+    assert (tree.tokens, tree.parents, tree.chain) == (alone.tokens, alone.parents, alone.chain) == (
+        [20, 21, 22], [-1, 0, 1], [0, 1, 2])

@@ -42,3 +42,13 @@ def test_the_heads_confidence_is_scaled_by_what_it_got_accepted():
         record.latest = TreeDraft([3, 4, 5], [-1, 0, -1], [0.9, 0.5, 0.1], chain=[])
         record.learn((0, 1))
     assert record.head_scale == 0.0
+
+
+def test_a_resting_head_still_drafts_every_few_steps():
+    from quickdraft.drafters.tree_record import RECHECK_EVERY
+
+    record, rests = TreeRecord(), 0
+    while record.may_rest():
+        record.idle += 1
+        rests += 1
+    assert rests == RECHECK_EVERY - 1

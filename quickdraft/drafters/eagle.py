@@ -21,7 +21,7 @@ import torch
 
 from quickdraft.backends.kv_cache import KVCache
 from quickdraft.drafters.base import Draft, DraftRequest, SequenceDrafter, StepOutcome
-from quickdraft.drafters.head_tree import TreeShape, draft_tree
+from quickdraft.drafters.head_tree import TreeShape, chain_draft, draft_tree, head_cannot_pay
 from quickdraft.drafters.lookup_branch import LookupBranch
 from quickdraft.drafters.tree_record import TreeRecord
 from quickdraft.heads.eagle import EagleHead
@@ -71,6 +71,15 @@ class EagleDrafter(SequenceDrafter):
     @torch.inference_mode()
     def draft(self, request: DraftRequest) -> Draft:
         state, k = request.state, request.k
+        record = state.record
+        branch = None if self.branch is None or k < 1 else self.branch.propose(record, request.tokens, request.reach or k)
+        if self.pass_ms and k >= 1 and record.may_rest():  # the head drafts where one of its nodes could pay
+            chain, scores = branch or ([], [])
+            alone = head_cannot_pay(scores, record.head_scale, self.nodes, dict(self.pass_ms))
+            if alone is not None:  # its pending pairs wait for the next step that drafts
+                record.latest, record.idle = chain_draft(chain, alone), record.idle + 1
+                return Draft(chain[:alone], None, record.latest.parents) if alone else Draft()
+        record.idle = 0
         if state.pending:
             state.predicted = self._commit(state)
         if state.predicted is None or k < 1:  # no verified state yet (a one-token prompt)
@@ -100,8 +109,6 @@ class EagleDrafter(SequenceDrafter):
             return torch.log_softmax(self.head.logits(out), dim=-1)  # [F, V']
 
         first = torch.log_softmax(self.head.logits(state.predicted), dim=-1)  # [V']
-        record = state.record
-        branch = None if self.branch is None else self.branch.propose(record, request.tokens, request.reach or k)
         try:
             record.latest = draft_tree(first, expand, TreeShape(k, self.top_k, self.nodes, self.tree, self.pass_ms),
                                        self.head.vocab, branch, record.head_scale)

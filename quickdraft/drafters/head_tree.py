@@ -95,6 +95,23 @@ def draft_tree(first: torch.Tensor, expand: Expand, shape: TreeShape, vocab: tor
                      [new_index[n] for n in chain if n in new_index])
 
 
+def head_cannot_pay(chain_scores: list[float], head_bound: float, nodes: int,
+                    pass_ms: dict[int, float]) -> int | None:
+    """The branch nodes to verify when no node of the head's can pay for its row, whatever the head
+    would say (each of its `nodes` scores at most head_bound, a log): then the head need not draft
+    at all. None: a head node might pay, so draft the tree. With every head node at the bound
+    the best tree can only be worth more; if even that one holds no head node, the head's real
+    nodes (all below the chain prefix it chose) cannot enter either."""
+    bounded = sorted([*chain_scores, *[head_bound] * nodes], reverse=True)
+    n = best_tree_size([math.exp(s) for s in bounded], pass_ms)
+    return n if n <= sum(1 for s in chain_scores if s > head_bound) else None
+
+
+def chain_draft(chain: list[int], n: int) -> TreeDraft:
+    """The first n tokens of a branch chain, alone, as a tree."""
+    return TreeDraft(chain[:n], list(range(-1, n - 1)), [0.0] * n, list(range(n)))
+
+
 def merge_chain(tokens: list[int], parents: list[int], scores: list[float], chain: list[int],
                 chain_scores: list[float]) -> tuple[list[int], list[int], list[float], list[int]]:
     """The tree with a chain of tokens hung under its root -> (tokens, parents, scores, the chain's

@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 
 from quickdraft.drafters.head_tree import TreeDraft
 
+# A head left idle (none of its nodes could pay) still drafts every this many steps, so that its
+# record keeps up with the text (an idle head learns nothing).
+RECHECK_EVERY = 8
+
 
 @dataclass
 class Rate:
@@ -40,6 +44,11 @@ class TreeRecord:
     first: Rate = field(default_factory=Rate)
     next: Rate = field(default_factory=Rate)
     latest: TreeDraft | None = None
+    idle: int = 0  # steps since the head last drafted
+
+    def may_rest(self) -> bool:
+        """Whether the head may skip this step (it drafted within the last RECHECK_EVERY steps)."""
+        return self.idle < RECHECK_EVERY - 1
 
     @property
     def head_scale(self) -> float:
