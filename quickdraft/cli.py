@@ -161,8 +161,8 @@ def add_option_flags(parser: argparse.ArgumentParser, model_only: bool = False) 
             continue
         default = f" (default: {option.default})" if option.default is not None else ""
         if option.kind is bool:
-            parser.add_argument(option.flag, dest=option.name, action="store_const", const=True,
-                                help=option.help + default)
+            parser.add_argument(option.flag, dest=option.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=option.help + default)  # --lookup / --no-lookup
             continue
         metavar = "{" + ",".join(option.choices) + "}" if option.choices else option.name.upper()
         parser.add_argument(option.flag, dest=option.name, type=_flag_parser(option), metavar=metavar,

@@ -63,6 +63,13 @@ def test_a_spec_the_cli_and_keywords_give_the_same_configuration():
     flagged = build_parser().parse_args(["generate", "--method", "self-spec:layers=0+2", "--precision", "int4"])
     assert configure(flagged.method, False, **given_options(flagged)).layers == (0, 2)
     assert given_options(flagged) == {"precision": "int4"}  # flags not given stay out: their defaults live here
+    # A switch that is on by default is turned off by its --no- flag, as by a spec or a keyword.
+    off = build_parser().parse_args(["generate", "--method", "eagle", "--no-lookup"])
+    assert configure(off.method, False, **given_options(off)).lookup is False
+    assert configure("eagle:lookup=false", False).lookup is False and configure("eagle", False).lookup is True
+    assert configure("medusa", False, lookup=False).lookup is False
+    with pytest.raises(QuickdraftError, match="does not apply to method 'prompt-lookup'"):
+        configure("prompt-lookup", False, lookup=True)
 
 
 def test_cli_flags_come_from_the_declaration_and_check_their_values(capsys):
