@@ -82,10 +82,11 @@ def best_tree_size(confidences: list[float], pass_ms: dict[int, float]) -> int:
     """How many draft nodes to verify, given each node's chance that its whole path is right
     (most confident first; any prefix of them is a tree): the n with the most expected tokens
     per millisecond, (1 + sum of the first n) / cost(root + n rows). A node is accepted exactly
-    when its path is, so the sum is the expected accepted length (EAGLE-2's value). 0: drafting
-    does not pay this step, decode plainly."""
+    when its path is, so the sum is the expected accepted length (EAGLE-2's value). At most the
+    largest pass measured, less its root: past it a backend may run the pass in parts (the static
+    backend's fixed rows). 0: drafting does not pay this step, decode plainly."""
     best, best_value, expected = 0, 1.0 / pass_cost(pass_ms, 1), 1.0
-    for n, p in enumerate(confidences, start=1):
+    for n, p in enumerate(confidences[: max(pass_ms) - 1], start=1):
         expected += p
         value = expected / pass_cost(pass_ms, n + 1)
         if value > best_value:
