@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="use the first N examples of each file (one N, or one per --data file)")
     train.add_argument("--max-tokens", type=int, default=512, help="tokens per example (prompt + response)")
     train.add_argument("--threads", type=int, help="CPU threads for torch and the llama.cpp backend (default: torch's choice)")
+    train.add_argument("--device", default="auto",
+                       help="auto (a CUDA GPU when present, else the CPU), cpu or cuda (cuda:N): where the target "
+                            "distils and extracts features and the head trains")
 
     export = commands.add_parser("export-head", help="write an EAGLE-3 head as a vLLM or SGLang draft model")
     export.add_argument("--head", type=Path,
@@ -310,7 +313,7 @@ def _train(args: argparse.Namespace) -> int:
     _set_threads(args.threads)
     settings = TrainSettings(steps=args.steps, positions=args.positions, sequences=args.sequences,
                              window=args.window, lr=args.lr, vocab=args.vocab, unroll=args.unroll,
-                             context=args.context, schedule=args.schedule)
+                             context=args.context, schedule=args.schedule, device=training_device(args.device))
     for flag in ("steps", "positions", "sequences", "window", "vocab", "heads", "unroll"):
         if getattr(args, flag) < 1:
             raise QuickdraftError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
@@ -325,6 +328,20 @@ def _train(args: argparse.Namespace) -> int:
     print(f"trained a {args.kind} head for {result['target']} in {result['steps']} steps; {kind} {top1}; draft vocabulary {result['draft_vocab']} tokens covering "
           f"{result['draft_vocab_coverage']:.1%}; saved in {args.output}")
     return 0
+
+
+def training_device(name: str) -> str:
+    """--device of `train`: auto is the first CUDA GPU when torch sees one, else the CPU."""
+    import torch
+
+    from quickdraft.options import check_device
+
+    name = check_device(name)
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise QuickdraftError(f"--device {name}: torch sees no CUDA GPU here")
+    return name
 
 
 def _one_or_each(values: list[int] | None) -> int | list[int] | None:

@@ -123,6 +123,22 @@ def test_training_improves_held_out_top1_at_every_depth_and_saves(tiny_target, f
     assert again["steps"] == 80 and again["held_out_top1"] == result["held_out_top1"]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_training_on_a_gpu_learns_and_saves_a_head_that_loads_on_the_cpu(tiny_target, fused, tmp_path):
+    # `quickdraft train --device cuda`: batches drawn on the CPU, the head trained on the GPU.
+    shards, config = fused
+    tables = (tiny_target.lm_head.weight.detach(), tiny_target.model.norm.weight.detach(),
+              tiny_target.model.embed_tokens.weight.detach())
+    fresh = train_eagle3(shards, *tables, config, tmp_path / "fresh",
+                         TrainSettings(steps=1, lr=0.0, unroll=3, device="cuda"), "tiny", progress=False)
+    settings = TrainSettings(steps=80, sequences=4, window=64, lr=3e-3, unroll=3, device="cuda")
+    result = train_eagle3(shards, *tables, config, tmp_path / "gpu", settings, "tiny", progress=False)
+    for before, after in zip(fresh["held_out_top1"], result["held_out_top1"]):
+        assert after > max(0.6, before + 0.2)
+    head = load_eagle(tmp_path / "gpu", tables[0], tables[2])
+    assert all(p.device.type == "cpu" for p in head.parameters())
+
+
 def test_eagle3_heads_are_refused_where_they_cannot_run(tiny_target, fused, tmp_path):
     shards, config = fused
     tables = (tiny_target.lm_head.weight.detach(), tiny_target.model.norm.weight.detach(),

@@ -81,15 +81,16 @@ def train(kind: str, target: str | None, data: list[Path], output: Path, *, head
         read_examples(path)  # refuse evaluation sets and missing files before loading the model
     cache = cache if cache is not None else output / "cache"
     loaded = load_model(target)
+    loaded.model.to(settings.device)  # distillation and features run where the head trains
     sequences = training_sequences(loaded, data, max_examples, max_tokens, distill_tokens, cache,
                                    distill_examples, progress)
-    lm_head = loaded.model.get_output_embeddings().weight.detach()
-    embeddings = loaded.model.get_input_embeddings().weight.detach()
+    lm_head = loaded.model.get_output_embeddings().weight.detach().cpu()
+    embeddings = loaded.model.get_input_embeddings().weight.detach().cpu()
     if kind == "eagle" and eagle == 3:
         config = Eagle3Config.from_target(loaded.model.config)
         shards = load_features(extract_features(loaded.model, sequences, cache / "features-eagle3", progress,
                                                 config.features))
-        norm = loaded.model.model.norm.weight.detach()
+        norm = loaded.model.model.norm.weight.detach().cpu()
         return train_eagle3(shards, lm_head, norm, embeddings, config, output, settings, loaded.name, progress)
     shards = load_features(extract_features(loaded.model, sequences, cache / "features", progress))
     if kind == "medusa":

@@ -28,8 +28,9 @@ def regenerate(model: PreTrainedModel, sequences: list[Sequence], pad_id: int, e
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])  # [B, width], left-padded
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])  # [B, width]
-        out = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-                             do_sample=False, eos_token_id=eos_ids, pad_token_id=pad_id)
+        out = model.generate(input_ids=ids.to(model.device), attention_mask=attention.to(model.device),
+                             max_new_tokens=max_new_tokens,
+                             do_sample=False, eos_token_id=eos_ids, pad_token_id=pad_id).cpu()
         for row, i in enumerate(chosen):
             response = out[row, width:].tolist()
             ends = [n for n, token in enumerate(response) if token in eos_ids]

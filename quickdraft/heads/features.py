@@ -68,16 +68,16 @@ def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: 
             if len(ids) - start < 2:
                 bar.update(1)
                 continue  # nothing to learn from
-            out = model.model(torch.tensor([ids]), output_hidden_states=bool(layers))
+            out = model.model(torch.tensor([ids], device=model.device), output_hidden_states=bool(layers))
             states = out.last_hidden_state[0]  # [T, H], after the final norm
             # hidden_states[i] is the input of layer i (0: the embeddings): where EAGLE-3 reads.
             kept = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1) if layers else states  # [T, F]
             tokens.append(torch.tensor(ids, dtype=torch.int32))
-            hidden.append(kept.to(torch.bfloat16))
+            hidden.append(kept.to(torch.bfloat16).cpu())
             # EAGLE-3 heads learn on responses only: their prompts' choices (-1) cost no LM head.
             first = max(start - 2, 0) if layers else 0
             picked = torch.full((len(ids),), -1, dtype=torch.int32)
-            picked[first:] = model.get_output_embeddings()(states[first:]).argmax(-1).to(torch.int32)
+            picked[first:] = model.get_output_embeddings()(states[first:]).argmax(-1).to(torch.int32).cpu()
             choice.append(picked)  # [T]
             offsets.append(offsets[-1] + len(ids))
             starts.append(start)

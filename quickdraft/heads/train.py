@@ -40,6 +40,12 @@ class TrainSettings:
     checkpoint_every: int = 200
     held_out: float = 0.05  # share of examples never trained on (chosen at random by the seed)
     seed: int = 0
+    device: str = "cpu"  # where the head trains (batches are drawn on the CPU, then moved)
+
+
+def to_device(batch: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
+    """A batch's tensors on `device`."""
+    return {key: value.to(device) for key, value in batch.items()}
 
 
 @dataclass
@@ -146,14 +152,15 @@ def optimise(model: nn.Module, step_loss: Callable[[torch.Generator], torch.Tens
              progress: bool) -> tuple[float, torch.Tensor, int]:
     """AdamW on step_loss until settings.steps, resuming from folder's checkpoint; returns the last
     loss, the held-out top-1 accuracy and the step count."""
-    generator = torch.Generator().manual_seed(settings.seed)
+    generator = torch.Generator().manual_seed(settings.seed)  # draws batches on the CPU, wherever the head is
+    model.to(settings.device)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.lr)
     checkpoint, step = folder / CHECKPOINT_FILE, 0
     if checkpoint.is_file():  # resume where it stopped
-        state = torch.load(checkpoint)
+        state = torch.load(checkpoint, map_location=settings.device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["generator"])
+        generator.set_state(state["generator"].cpu())
         step = state["step"]
     bar = tqdm(total=settings.steps, initial=step, desc=desc, unit="step", disable=not progress)
     loss = float("nan")
@@ -208,13 +215,17 @@ def train_medusa(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, h
     eval_index = eval_index[torch.randperm(len(eval_index), generator=torch.Generator().manual_seed(0))[:2048]]
     model = MedusaHeads(lm_head, heads, vocab)
 
+    def run(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = to_device({"hidden": data.hidden[data.rows[chosen]].float(), "targets": data.targets[:, chosen]},
+                          settings.device)
+        return medusa_loss(model(batch["hidden"]), batch["targets"])
+
     def step_loss(generator: torch.Generator) -> torch.Tensor:
-        chosen = train_index[torch.randint(len(train_index), (settings.positions,), generator=generator)]
-        return medusa_loss(model(data.hidden[data.rows[chosen]].float()), data.targets[:, chosen])[0]
+        return run(train_index[torch.randint(len(train_index), (settings.positions,), generator=generator)])[0]
 
     @torch.no_grad()
     def evaluate() -> torch.Tensor:
-        return medusa_loss(model(data.hidden[data.rows[eval_index]].float()), data.targets[:, eval_index])[1]
+        return run(eval_index)[1]
 
     loss, accuracy, step = optimise(model, step_loss, evaluate, folder, settings, "train medusa", progress)
     extra = {"heads": heads}
@@ -240,6 +251,7 @@ def train_eagle(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, em
                              torch.Generator().manual_seed(0))
 
     def run(batch: dict[str, torch.Tensor], where: str) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = to_device(batch, settings.device)
         predicted = model(batch["hidden"], batch["tokens"], batch["positions"], batch["mask"])
         return eagle_loss(predicted, batch["targets"], model.logits(predicted), batch["labels"], batch[where],
                           settings.classification)
@@ -261,7 +273,7 @@ def save_head(model: nn.Module, folder: Path, kind: str, target_name: str, extra
               vocab: torch.Tensor, shards: list[dict[str, torch.Tensor]], step: int, accuracy: torch.Tensor,
               loss: float, settings: TrainSettings) -> dict:
     """heads.safetensors (the trained weights in bf16, and the draft vocabulary) and config.json."""
-    state = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
+    state = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).cpu().contiguous()
              for k, v in model.state_dict().items()}
     save_file(state, str(folder / HEADS_FILE))
     result = {"kind": kind, "target": target_name, **extra, "hidden": lm_head.shape[1], "vocab": lm_head.shape[0],

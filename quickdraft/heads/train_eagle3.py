@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from quickdraft.heads.eagle3 import Eagle3Config, Eagle3Head
 from quickdraft.heads.train import (Sequences, TrainSettings, eagle_batch, eagle_sequences, held_out, optimise,
-                                    save_head)
+                                    save_head, to_device)
 from quickdraft.heads.vocab import draft_vocabulary, vocabulary_index
 
 
@@ -44,7 +44,7 @@ def unrolled_states(head: Eagle3Head, hidden: torch.Tensor, tokens: torch.Tensor
     for j in range(steps):
         q, k, v = head.project(state, tokens, positions)
         keys.append(k), values.append(v)
-        mask = unroll_mask(t, j)[None].expand(b, t, -1)  # [B, T, (j + 1) T]
+        mask = unroll_mask(t, j).to(tokens.device)[None].expand(b, t, -1)  # [B, T, (j + 1) T]
         h = head.finish(state, q, torch.cat(keys, dim=2), torch.cat(values, dim=2), mask)  # [B, T, H]
         yield h
         state = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)  # position t gets h_{t-1}
@@ -57,11 +57,10 @@ def unrolled_loss(head: Eagle3Head, batch: dict[str, torch.Tensor], steps: int, 
     can reach (t >= j)."""
     labels = batch["labels"]  # [B, T] draft-vocabulary index, -1 outside it
     t = labels.shape[1]
-    weights = torch.tensor([decay ** j for j in range(steps)])
-    weights = weights / weights.sum()
+    weights = [decay ** j / sum(decay ** i for i in range(steps)) for j in range(steps)]
     losses, accuracy = [], []
     for j, h in enumerate(unrolled_states(head, batch["hidden"], batch["tokens"], batch["positions"], steps)):
-        reach = batch[where] & (torch.arange(t) >= j)[None]  # [B, T]
+        reach = batch[where] & (torch.arange(t, device=labels.device) >= j)[None]  # [B, T]
         known = reach & (labels >= 0)
         logits = head.logits(h[known])  # [n, V']: only rows with a loss (the LM head is the dear part)
         losses.append(F.cross_entropy(logits, labels[known]) if known.any() else h.sum() * 0)
@@ -108,11 +107,11 @@ def train_eagle3(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, n
     def step_loss(generator: torch.Generator) -> torch.Tensor:
         chosen = train_ids[torch.randint(len(train_ids), (settings.sequences,), generator=generator)].tolist()
         batch = eagle_batch(data, chosen, settings.window, index, 0.0, generator)
-        return unrolled_loss(head, batch, settings.unroll, "response")[0]
+        return unrolled_loss(head, to_device(batch, settings.device), settings.unroll, "response")[0]
 
     @torch.no_grad()
     def evaluate() -> torch.Tensor:  # held-out response positions: what drafting sees
-        return unrolled_loss(head, eval_batch, settings.unroll, "response")[1]
+        return unrolled_loss(head, to_device(eval_batch, settings.device), settings.unroll, "response")[1]
 
     loss, accuracy, step = optimise(head, step_loss, evaluate, folder, settings, "train eagle-3", progress)
     return save_head(head, folder, "eagle", target_name, {"layer": config.to_dict()}, lm_head, vocab, shards,
