@@ -8,6 +8,7 @@ tar, cut into parts of --part-mib with a manifest of SHA-256 sums; each device c
 the call (while the machine stays warm) until all have come, then checks every hash and unpacks.
 
 Here:   .venv/bin/python benchmarks/gpu_stage.py pack            (-> .gpu-stage/, git-ignored)
+        [--add FILE ...]: training files too (docs/gpu.md, "Training heads on a GPU")
 There:  python3 benchmarks/gpu_stage.py receive .gpu-stage /tmp/quickdraft-stage
         (exit 0: unpacked into /tmp/quickdraft-stage/files; exit 3: parts still missing, named)
 """
@@ -123,13 +124,15 @@ def main() -> None:
     make.add_argument("--out", type=Path, default=Path(".gpu-stage"))
     make.add_argument("--part-mib", type=int, default=48, help="the working tree (~13 MB) plus one part stay under 64 MiB")
     make.add_argument("--files", type=Path, nargs="+", help="what to bundle (default: GGUF, prompts, wheels)")
+    make.add_argument("--add", type=Path, nargs="+", default=[],
+                      help="more files beside the default ones (training data for `quickdraft train --device cuda`)")
     take = commands.add_parser("receive", help="there: keep carried parts; unpack once all have come")
     take.add_argument("source", type=Path)
     take.add_argument("store", type=Path)
     args = parser.parse_args()
     if args.command == "pack":
         with tempfile.TemporaryDirectory() as tmp:
-            files = args.files or default_files(Path(tmp) / "wheels")
+            files = (args.files or default_files(Path(tmp) / "wheels")) + args.add
             manifest = pack(files, args.out, args.part_mib << 20)
         print(f"{len(manifest['parts'])} parts in {args.out}: carry .gpu-stage/manifest.json and one part per call")
     else:

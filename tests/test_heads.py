@@ -159,6 +159,11 @@ def test_train_command_refuses_evaluation_data_before_loading_anything(tmp_path,
     assert "evaluation set" in capsys.readouterr().err
     assert main(["train", "eagle", "--data", str(tmp_path / "none.json"), "--output", str(tmp_path)]) == 2
     assert "not found" in capsys.readouterr().err
+    good = tmp_path / "train.jsonl"
+    good.write_text(json.dumps({"question": "q", "answer": "a"}) + "\n")
+    assert main(["train", "eagle", "--data", str(good), "--output", str(tmp_path / "out"), "--distill", "8",
+                 "--distill-batch", "0"]) == 2
+    assert "--distill-batch must be >= 1" in capsys.readouterr().err
 
 
 def test_training_runs_where_the_device_flag_says():
