@@ -165,11 +165,12 @@ def test_a_branch_competes_with_the_head_for_the_rows():
     tree = draft_tree(first, expand, TreeShape(3, 2, 3, pass_ms=steps), vocab, sure)
     assert (tree.tokens, tree.parents) == ([20, 21, 22], [-1, 0, 1])
     # A head proved overconfident (half its estimate): sizing sees half its confidence.
-    scaled = draft_tree(first, expand, shape, vocab, head_scale=math.log(0.5))
+    scaled = draft_tree(first, expand, TreeShape(3, 2, 3, scale=math.log(0.5)), vocab)
     assert [round(p, 3) for p in scaled.head] == [0.2, 0.175, 0.1]
-    sized = TreeShape(3, 2, 3, pass_ms=((1, 10.0), (2, 14.0), (4, 16.0)))
-    assert len(draft_tree(first, expand, sized, vocab).tokens) == 3  # 1.95 tokens / 16 ms beats 1 / 10
-    assert draft_tree(first, expand, sized, vocab, head_scale=math.log(0.5)).tokens == []  # 1.475 / 16 does not
+    costs = ((1, 10.0), (2, 14.0), (4, 16.0))
+    assert len(draft_tree(first, expand, TreeShape(3, 2, 3, pass_ms=costs), vocab).tokens) == 3  # 1.95 / 16 ms > 1 / 10
+    halved = TreeShape(3, 2, 3, pass_ms=costs, scale=math.log(0.5))
+    assert draft_tree(first, expand, halved, vocab).tokens == []  # 1.475 / 16 is not
 
 
 def test_the_head_rests_only_when_none_of_its_nodes_could_pay():
@@ -189,8 +190,57 @@ def test_the_head_rests_only_when_none_of_its_nodes_could_pay():
     def expand(frontier, tokens, parents):
         return torch.stack([logp(0.9, 0.05, 0.05)] * len(frontier))
 
-    tree = draft_tree(logp(0.9, 0.05, 0.05), expand, TreeShape(3, 2, 4, pass_ms=tuple(steps.items())), vocab,
-                      ([20, 21, 22], sure), head_scale=math.log(0.2))
+    tree = draft_tree(logp(0.9, 0.05, 0.05), expand,
+                      TreeShape(3, 2, 4, pass_ms=tuple(steps.items()), scale=math.log(0.2)), vocab, ([20, 21, 22], sure))
     alone = chain_draft([20, 21, 22], 3)
     assert (tree.tokens, tree.parents, tree.chain) == (alone.tokens, alone.parents, alone.chain) == (
         [20, 21, 22], [-1, 0, 1], [0, 1, 2])
+
+
+def test_frontier_nodes_whose_descendants_could_not_pay_are_not_expanded_and_the_tree_is_unchanged():
+    # Sized by cost (and the head's scale), a pruned grow keeps what the full tree, sized, keeps.
+    import random
+
+    from quickdraft.analysis import best_tree_size
+
+    vocab, rng = 6, random.Random(0)
+
+    def children_logp(path: tuple[int, ...]) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(hash(path) % 2**31)
+        return torch.log_softmax(3 * torch.randn(vocab, generator=generator), dim=-1)
+
+    def path_of(node, tokens, parents):
+        path = []
+        while node >= 0:
+            path.append(tokens[node])
+            node = parents[node]
+        return tuple(path[::-1])
+
+    saved = 0
+    for trial in range(60):
+        rows = []
+
+        def expand(frontier, tokens, parents):
+            rows.append(len(frontier))
+            return torch.stack([children_logp(path_of(n, tokens, parents)) for n in frontier])
+
+        depth, top_k, nodes = 2 + trial % 4, 1 + trial % 3, 1 + trial % 7
+        costs = tuple((n, c) for n, c in zip((1, 2, 4, 5, 8, 16), sorted(rng.uniform(5, 30) for _ in range(6))))
+        scale = math.log(rng.uniform(0.2, 1.0))
+        first = children_logp(())
+        tokens, parents, scores = grow_tree(first, expand, TreeShape(depth, top_k, nodes=10**6))
+        full_rows = sum(rows)
+        tokens, parents, scores = keep_most_confident(tokens, parents, scores, nodes)
+        scores = [s + scale for s in scores]
+        size = best_tree_size([math.exp(s) for s in sorted(scores, reverse=True)], dict(costs))
+        expected = keep_most_confident(tokens, parents, scores, size)[:2]
+        rows.clear()
+        grow_tree(first, expand, TreeShape(depth, top_k, nodes))  # pruned by the `nodes` floor alone
+        floor_rows = sum(rows)
+        rows.clear()
+        tree = draft_tree(first, expand, TreeShape(depth, top_k, nodes, pass_ms=costs, scale=scale),
+                          torch.arange(vocab))
+        assert (tree.tokens, tree.parents) == expected, trial
+        assert sum(rows) <= floor_rows <= full_rows
+        saved += floor_rows - sum(rows)
+    assert saved > 0  # rows the costs spared beyond the floor

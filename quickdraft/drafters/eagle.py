@@ -110,8 +110,8 @@ class EagleDrafter(SequenceDrafter):
 
         first = torch.log_softmax(self.head.logits(state.predicted), dim=-1)  # [V']
         try:
-            record.latest = draft_tree(first, expand, TreeShape(k, self.top_k, self.nodes, self.tree, self.pass_ms),
-                                       self.head.vocab, branch, record.head_scale)
+            shape = TreeShape(k, self.top_k, self.nodes, self.tree, self.pass_ms, record.head_scale)
+            record.latest = draft_tree(first, expand, shape, self.head.vocab, branch)
         finally:
             cache.truncate(root)  # the tree's entries go: only verified pairs stay
         tree = record.latest

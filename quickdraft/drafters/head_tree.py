@@ -6,7 +6,8 @@ Rerank: of all nodes grown, keep the `nodes` most confident for verification. A 
 more confident than its parent, so the kept set is always a tree, and a frontier node already
 outside the best `nodes` is not expanded (its descendants could not be kept): the same tree for
 fewer head rows, which matters when `nodes` is small (CPUs). Given the target's measured pass
-costs, the kept count is chosen each step: the most expected tokens per millisecond.
+costs, the kept count is chosen each step: the most expected tokens per millisecond; then a
+frontier node is not expanded either when nodes as confident as it could not pay for their rows.
 
 Static (EAGLE-1, Medusa): the same rule applied once to a fixed prior over sibling ranks instead
 of the head's confidence gives a fixed shape (which ranks under which); drafting fills it with
@@ -38,13 +39,16 @@ class TreeShape:
     """depth: levels drafted (the method's K); top_k: children per expanded node and nodes expanded
     per level; nodes: draft tokens verified per pass after reranking (at most, with pass_ms);
     kind: dynamic or static. pass_ms: the target's measured pass costs (rows, ms), given when the
-    size is the budget's: a dynamic tree then keeps the best-paying number of nodes each step."""
+    size is the budget's: a dynamic tree then keeps the best-paying number of nodes each step.
+    scale: the log of how far the head's confidence has proved right for this sequence (<= 0),
+    added to each of its nodes' scores before sizing."""
 
     depth: int
     top_k: int = 4
     nodes: int = 4
     kind: str = "dynamic"
     pass_ms: tuple[tuple[int, float], ...] = ()
+    scale: float = 0.0
 
     def __post_init__(self) -> None:
         if self.depth < 1 or self.top_k < 1 or self.nodes < 1:
@@ -73,15 +77,14 @@ class TreeDraft:
 
 
 def draft_tree(first: torch.Tensor, expand: Expand, shape: TreeShape, vocab: torch.Tensor,
-               branch: tuple[list[int], list[float]] | None = None, head_scale: float = 0.0) -> TreeDraft:
+               branch: tuple[list[int], list[float]] | None = None) -> TreeDraft:
     """The tree of `shape.kind`. vocab [V'] maps the head's vocabulary to the target's. branch:
     another drafter's chain (target ids) and the log of each node's chance that its path is
-    right, merged in to compete with the head's nodes. head_scale: the log of how far the head's
-    confidence has proved right for this sequence (<= 0), added to each of its nodes' scores."""
+    right, merged in to compete with the head's nodes."""
     grow = grow_tree if shape.kind == "dynamic" else fill_static_tree
     ids, parents, scores = keep_most_confident(*grow(first, expand, shape), shape.nodes)
     tokens = vocab[torch.tensor(ids, dtype=torch.long, device=vocab.device)].tolist()
-    scores = [s + head_scale for s in scores]
+    scores = [s + shape.scale for s in scores]
     head, chain = list(scores), []
     if branch is not None and branch[0]:
         tokens, parents, scores, chain = merge_chain(tokens, parents, scores, *branch)
@@ -186,6 +189,8 @@ def grow_tree(first: torch.Tensor, expand: Expand, shape: TreeShape) -> tuple[li
         if len(scores) >= shape.nodes:
             floor = sorted(scores, reverse=True)[shape.nodes - 1]
             frontier = [n for n in frontier if scores[n] > floor]
+        if shape.pass_ms:  # nor is one whose descendants could not pay for their rows
+            frontier = [n for n in frontier if descendants_could_pay(scores, scores[n], shape)]
         if not frontier:
             break
         logp = expand(frontier, tokens, parents)  # [F, V']
@@ -198,6 +203,16 @@ def grow_tree(first: torch.Tensor, expand: Expand, shape: TreeShape) -> tuple[li
                 tokens.append(token), parents.append(node), scores.append(value)
         frontier = sorted(grown, key=lambda n: -scores[n])[: shape.top_k]
     return tokens, parents, scores
+
+
+def descendants_could_pay(scores: list[float], bound: float, shape: TreeShape) -> bool:
+    """Whether nodes scoring at most `bound` could be among those a tree sized by shape.pass_ms
+    keeps, beside the nodes grown so far (`scores`; all of them before the head's scale). The
+    bound of head_cannot_pay: with `nodes` of them at the bound, if the best tree holds none,
+    nodes scoring less cannot enter either."""
+    bounded = sorted([*scores, *[bound] * shape.nodes], reverse=True)[: shape.nodes]
+    n = best_tree_size([math.exp(s + shape.scale) for s in bounded], dict(shape.pass_ms))
+    return n > sum(1 for s in bounded if s > bound)
 
 
 def keep_most_confident(tokens: list[int], parents: list[int], scores: list[float],

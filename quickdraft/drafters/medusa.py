@@ -58,12 +58,13 @@ class MedusaDrafter(SequenceDrafter):
     def _tree(self, logp: torch.Tensor, request: DraftRequest) -> Draft:
         """logp [heads, V'] of one sequence -> its tree of guesses."""
         k, record = request.k, request.state.record
-        shape = TreeShape(min(k, self.heads.heads), self.top_k, self.nodes, self.tree, self.pass_ms)
+        shape = TreeShape(min(k, self.heads.heads), self.top_k, self.nodes, self.tree, self.pass_ms,
+                          record.head_scale)
 
         def expand(frontier: list[int], drafted: list[int], parents: list[int]) -> torch.Tensor:
             depth = len(ancestors(frontier[0], parents))  # the frontier is one level
             return logp[depth].expand(len(frontier), -1)  # [F, V']: head `depth` guesses one level deeper
 
         branch = None if self.branch is None else self.branch.propose(record, request.tokens, request.reach or k)
-        record.latest = tree = draft_tree(logp[0], expand, shape, self.heads.vocab, branch, record.head_scale)
+        record.latest = tree = draft_tree(logp[0], expand, shape, self.heads.vocab, branch)
         return Draft(tree.tokens, None, tree.parents) if tree.tokens else Draft()  # none: drafting does not pay
