@@ -14,6 +14,31 @@ def logp(*probs):
     return torch.tensor(probs).log()
 
 
+VOCAB = 6
+
+
+def children_logp(path: tuple[int, ...]) -> torch.Tensor:
+    """A made-up head's log-probs [VOCAB] of the token after `path` (fixed per path)."""
+    generator = torch.Generator().manual_seed(hash(path) % 2**31)
+    return torch.log_softmax(3 * torch.randn(VOCAB, generator=generator), dim=-1)
+
+
+def path_of(node, tokens, parents):
+    path = []
+    while node >= 0:
+        path.append(tokens[node])
+        node = parents[node]
+    return tuple(path[::-1])
+
+
+def path_head(rows: list[int]):
+    """An Expand over children_logp that counts the head rows it is asked for in `rows`."""
+    def expand(frontier, tokens, parents):
+        rows.append(len(frontier))
+        return torch.stack([children_logp(path_of(n, tokens, parents)) for n in frontier])
+    return expand
+
+
 def kept(first, expand, shape):
     """The tree a head drafts with `shape`, in the head's own ids (an identity vocabulary)."""
     tree = draft_tree(first, expand, shape, torch.arange(first.shape[-1]))
@@ -78,26 +103,10 @@ def test_static_tree_has_a_fixed_shape_filled_with_the_ranked_candidates():
 
 def test_frontier_nodes_that_cannot_be_kept_are_not_expanded_and_the_tree_is_unchanged():
     # A node's children depend on its path; the full tree reranked is what a pruned grow keeps.
-    vocab = 6
-
-    def children_logp(path: tuple[int, ...]) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(hash(path) % 2**31)
-        return torch.log_softmax(3 * torch.randn(vocab, generator=generator), dim=-1)
-
-    def path_of(node, tokens, parents):
-        path = []
-        while node >= 0:
-            path.append(tokens[node])
-            node = parents[node]
-        return tuple(path[::-1])
-
     saved = 0
     for trial in range(60):
         rows = []
-
-        def expand(frontier, tokens, parents):
-            rows.append(len(frontier))
-            return torch.stack([children_logp(path_of(n, tokens, parents)) for n in frontier])
+        expand = path_head(rows)
 
         depth, top_k, nodes = 2 + trial % 4, 1 + trial % 3, 1 + trial % 7
         first = children_logp(())
@@ -203,26 +212,11 @@ def test_frontier_nodes_whose_descendants_could_not_pay_are_not_expanded_and_the
 
     from quickdraft.analysis import best_tree_size
 
-    vocab, rng = 6, random.Random(0)
-
-    def children_logp(path: tuple[int, ...]) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(hash(path) % 2**31)
-        return torch.log_softmax(3 * torch.randn(vocab, generator=generator), dim=-1)
-
-    def path_of(node, tokens, parents):
-        path = []
-        while node >= 0:
-            path.append(tokens[node])
-            node = parents[node]
-        return tuple(path[::-1])
-
+    rng = random.Random(0)
     saved = 0
     for trial in range(60):
         rows = []
-
-        def expand(frontier, tokens, parents):
-            rows.append(len(frontier))
-            return torch.stack([children_logp(path_of(n, tokens, parents)) for n in frontier])
+        expand = path_head(rows)
 
         depth, top_k, nodes = 2 + trial % 4, 1 + trial % 3, 1 + trial % 7
         costs = tuple((n, c) for n, c in zip((1, 2, 4, 5, 8, 16), sorted(rng.uniform(5, 30) for _ in range(6))))
@@ -239,7 +233,7 @@ def test_frontier_nodes_whose_descendants_could_not_pay_are_not_expanded_and_the
         floor_rows = sum(rows)
         rows.clear()
         tree = draft_tree(first, expand, TreeShape(depth, top_k, nodes, pass_ms=costs, scale=scale),
-                          torch.arange(vocab))
+                          torch.arange(VOCAB))
         assert (tree.tokens, tree.parents) == expected, trial
         assert sum(rows) <= floor_rows <= full_rows
         saved += floor_rows - sum(rows)
