@@ -102,12 +102,18 @@ def head_cannot_pay(chain_scores: list[float], head_bound: float, nodes: int,
                     pass_ms: dict[int, float]) -> int | None:
     """The branch nodes to verify when no node of the head's can pay for its row, whatever the head
     would say (each of its `nodes` scores at most head_bound, a log): then the head need not draft
-    at all. None: a head node might pay, so draft the tree. With every head node at the bound
-    the best tree can only be worth more; if even that one holds no head node, the head's real
-    nodes (all below the chain prefix it chose) cannot enter either."""
-    bounded = sorted([*chain_scores, *[head_bound] * nodes], reverse=True)
+    at all. None: a head node might pay, so draft the tree."""
+    return kept_without(chain_scores, head_bound, nodes, pass_ms)
+
+
+def kept_without(scores: list[float], bound: float, copies: int, pass_ms: dict[int, float]) -> int | None:
+    """The size of the best tree (by pass_ms) over `scores` and `copies` more nodes scoring `bound`
+    (logs), when it holds none of those copies; None when it holds one. Nodes scoring at most
+    the bound can then not enter the best tree either: with every one at the bound the best
+    tree can only be worth more, and it chose a prefix of nodes above them."""
+    bounded = sorted([*scores, *[bound] * copies], reverse=True)
     n = best_tree_size([math.exp(s) for s in bounded], pass_ms)
-    return n if n <= sum(1 for s in chain_scores if s > head_bound) else None
+    return n if n <= sum(1 for s in scores if s > bound) else None
 
 
 def chain_draft(chain: list[int], n: int) -> TreeDraft:
@@ -206,13 +212,11 @@ def grow_tree(first: torch.Tensor, expand: Expand, shape: TreeShape) -> tuple[li
 
 
 def descendants_could_pay(scores: list[float], bound: float, shape: TreeShape) -> bool:
-    """Whether nodes scoring at most `bound` could be among those a tree sized by shape.pass_ms
-    keeps, beside the nodes grown so far (`scores`; all of them before the head's scale). The
-    bound of head_cannot_pay: with `nodes` of them at the bound, if the best tree holds none,
-    nodes scoring less cannot enter either."""
-    bounded = sorted([*scores, *[bound] * shape.nodes], reverse=True)[: shape.nodes]
-    n = best_tree_size([math.exp(s + shape.scale) for s in bounded], dict(shape.pass_ms))
-    return n > sum(1 for s in bounded if s > bound)
+    """Whether `shape.nodes` nodes scoring at most `bound` could be among those a tree sized by
+    shape.pass_ms keeps, beside the best `shape.nodes` grown so far (`scores`, before the head's
+    scale)."""
+    best = [s + shape.scale for s in sorted(scores, reverse=True)[: shape.nodes]]
+    return kept_without(best, bound + shape.scale, shape.nodes, dict(shape.pass_ms)) is None
 
 
 def keep_most_confident(tokens: list[int], parents: list[int], scores: list[float],
