@@ -309,13 +309,14 @@ def _set_threads(threads: int | None) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from quickdraft.backends.select import resolve_device
     from quickdraft.heads.command import train
     from quickdraft.heads.train import TrainSettings
 
     _set_threads(args.threads)
     settings = TrainSettings(steps=args.steps, positions=args.positions, sequences=args.sequences,
                              window=args.window, lr=args.lr, vocab=args.vocab, unroll=args.unroll,
-                             context=args.context, schedule=args.schedule, device=training_device(args.device))
+                             context=args.context, schedule=args.schedule, device=str(resolve_device(args.device)))
     for flag in ("steps", "positions", "sequences", "window", "vocab", "heads", "unroll"):
         if getattr(args, flag) < 1:
             raise QuickdraftError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
@@ -330,20 +331,6 @@ def _train(args: argparse.Namespace) -> int:
     print(f"trained a {args.kind} head for {result['target']} in {result['steps']} steps; {kind} {top1}; draft vocabulary {result['draft_vocab']} tokens covering "
           f"{result['draft_vocab_coverage']:.1%}; saved in {args.output}")
     return 0
-
-
-def training_device(name: str) -> str:
-    """--device of `train`: auto is the first CUDA GPU when torch sees one, else the CPU."""
-    import torch
-
-    from quickdraft.options import check_device
-
-    name = check_device(name)
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise QuickdraftError(f"--device {name}: torch sees no CUDA GPU here")
-    return name
 
 
 def _one_or_each(values: list[int] | None) -> int | list[int] | None:

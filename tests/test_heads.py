@@ -166,16 +166,21 @@ def test_train_command_refuses_evaluation_data_before_loading_anything(tmp_path,
     assert "--distill-batch must be >= 1" in capsys.readouterr().err
 
 
-def test_training_runs_where_the_device_flag_says():
-    from quickdraft.cli import training_device
+def test_training_runs_where_the_device_flag_says(tmp_path, capsys):
+    # `train --device` resolves as every other --device does (backends.select.resolve_device).
+    from quickdraft.backends.select import resolve_device
+    from quickdraft.cli import main
 
-    assert training_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert training_device("cpu") == "cpu"
-    with pytest.raises(QuickdraftError, match="unknown device"):
-        training_device("tpu")
+    assert str(resolve_device("auto")) == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert str(resolve_device("cpu")) == "cpu"
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"question": "q", "answer": "a"}) + "\n")
+    assert main(["train", "eagle", "--data", str(data), "--output", str(tmp_path / "out"), "--device", "tpu"]) == 2
+    assert "unknown device" in capsys.readouterr().err
     if not torch.cuda.is_available():
-        with pytest.raises(QuickdraftError, match="no CUDA GPU"):
-            training_device("cuda")
+        assert main(["train", "eagle", "--data", str(data), "--output", str(tmp_path / "out"),
+                     "--device", "cuda"]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
 
 
 def test_int8_drafting_copies_agree_with_the_trained_heads():
