@@ -7,6 +7,7 @@ Nothing here comes from an evaluation set: German sentences are built from a sma
 written for this script; passages are responses from the GPTeacher roleplay training split.
 
     python scripts/general_prompts.py --output data/general-prompts.jsonl
+    python scripts/general_prompts.py --kind open --count 1200 --output data/open-prompts.jsonl
 """
 
 from __future__ import annotations
@@ -66,6 +67,67 @@ PASSAGE_QUESTIONS = ["What is the main point of the text above?", "Who is speaki
                      "List the key facts mentioned in the text above.", "What advice does the text above give?"]
 
 
+# Open-ended requests (--kind open): questions on many subjects, writing, advice, reasoning,
+# role-play and extraction, the kinds of chat a general assistant gets.
+SUBJECT_AREAS = ["the Silk Road", "the Great Wall of China", "the Amazon rainforest", "the Industrial Revolution",
+                 "the theory of evolution", "quantum computing", "the Olympic Games", "the Cold War",
+                 "the human brain", "honeybees", "the Pyramids of Giza", "solar panels", "the United Nations",
+                 "the Industrial age of steam", "jazz music", "the Byzantine Empire", "artificial intelligence",
+                 "the circulatory system", "glaciers", "the Magna Carta", "public libraries", "tea", "coffee",
+                 "the periodic table", "electricity", "the printing of money", "the Silk industry", "bridges",
+                 "airplanes", "the Arctic", "deserts", "the Moon", "Mars", "dinosaurs", "the Internet of Things",
+                 "social media", "the Beatles", "Shakespeare", "the Nobel Prize", "chess", "the Mediterranean diet",
+                 "nuclear power", "rainbows", "tides", "hurricanes", "the ozone layer", "the Eiffel Tower",
+                 "the Vikings", "the Aztecs", "ancient Greece", "the Ming dynasty", "the Wright brothers",
+                 "Marie Curie", "Isaac Newton", "Albert Einstein", "Charles Darwin", "Leonardo da Vinci",
+                 "the stock exchange", "central banks", "unemployment", "taxes", "public transport", "urban gardens",
+                 "remote work", "online privacy", "password security", "open-source software", "video games",
+                 "the human skeleton", "sleep cycles", "meditation", "marathon running", "vegetarian diets"]
+OPEN_QUESTIONS = ["Who or what is {} best known for?", "What should everyone know about {}?",
+                  "When did {} become important, and why?", "Where can one learn more about {}?",
+                  "What are the advantages and disadvantages of {}?", "How has {} changed over time?",
+                  "Compare {} with something similar and explain the differences.",
+                  "What questions do scientists or historians still ask about {}?",
+                  "Summarize what is known about {} in one paragraph.", "Explain {} to a ten-year-old."]
+OPEN_TASKS = ["Write a short speech about {}.", "Write a dialogue between two friends discussing {}.",
+              "Write a limerick about {}.", "Write a news headline and a short article about {}.",
+              "Draft a social media post about {}.", "Write a haiku about {}.",
+              "Give me five interview questions about {}.", "Create a short quiz with answers about {}.",
+              "Imagine you are a tour guide. Describe {} to visitors.",
+              "Pretend to be a teacher and give a two-minute lesson on {}.",
+              "Write a product review in the voice of someone who loves {}.",
+              "List the pros and cons of {} in a table.", "Write a motivational message about {}.",
+              "Outline a five-part presentation about {}."]
+ADVICE = ["How can I improve my {}?", "What is a good plan to start {}?", "What mistakes do beginners make with {}?",
+          "Give me a step-by-step guide to {}.", "How do I explain {} to my parents?"]
+SKILLS = ["public speaking", "time management", "learning a new language", "saving for a house", "running",
+          "writing a resume", "cooking for a family", "learning to code in Python", "growing tomatoes",
+          "keeping a journal", "studying for exams", "negotiating a salary", "drawing portraits",
+          "playing the guitar", "taking better photos", "making new friends in a new city", "reading more books",
+          "sleeping better", "managing a small team", "planning a wedding"]
+PUZZLES = ["If a train leaves at {} and travels for {} hours, when does it arrive? Explain.",
+           "A box holds {} apples. How many boxes are needed for {} apples? Show your work.",
+           "Is {} a prime number? Explain how you know, and what {} divided by 3 leaves.",
+           "I have {} coins and give away {}. How many are left, and what fraction did I give away?"]
+EXTRACT = ["Extract the names of all people mentioned in the text below and list them.\n\n{}",
+           "List every number in the text below and say what it refers to.\n\n{}",
+           "Rewrite the text below in a formal tone.\n\n{}", "Give the text below a title and three keywords.\n\n{}"]
+
+
+def open_prompts(passages: list[str], count: int, seed: int = 1) -> list[dict]:
+    """`count` open-ended prompts in six kinds, in a fixed order for a seed."""
+    rng = random.Random(seed)
+    makers = [
+        lambda: rng.choice(OPEN_QUESTIONS).format(rng.choice(SUBJECT_AREAS)),
+        lambda: rng.choice(OPEN_TASKS).format(rng.choice(SUBJECT_AREAS + THEMES)),
+        lambda: rng.choice(ADVICE).format(rng.choice(SKILLS)),
+        lambda: rng.choice(PUZZLES).format(*(rng.randint(2, 97) for _ in range(2))),
+        lambda: rng.choice(EXTRACT).format(rng.choice(passages)),
+        lambda: rng.choice(QUESTIONS + OPEN_QUESTIONS).format(rng.choice(TOPICS + SUBJECT_AREAS)),
+    ]
+    return _distinct(makers, count)
+
+
 def german_sentence(rng: random.Random) -> str:
     verb, obj, end = rng.choice(PREDICATES)
     parts = [rng.choice(SUBJECTS), verb, rng.choice(ADVERBIALS), obj, end]
@@ -84,6 +146,11 @@ def general_prompts(passages: list[str], count: int, seed: int = 0) -> list[dict
         lambda: rng.choice(FACTS),
         lambda: rng.choice(WRITING).format(rng.choice(THEMES)),
     ]
+    return _distinct(makers, count)
+
+
+def _distinct(makers: list, count: int) -> list[dict]:
+    """Prompts from the makers in turn, each new; a maker that finds none new in 20 tries is skipped."""
     seen, prompts, turn = set(), [], 0
     while len(prompts) < count:
         make, turn = makers[turn % len(makers)], turn + 1
@@ -100,6 +167,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=Path("data/general-prompts.jsonl"))
     parser.add_argument("--count", type=int, default=700)
+    parser.add_argument("--kind", choices=("general", "open"), default="general",
+                        help="general: translation, summaries, questions (data/general-prompts.jsonl); "
+                             "open: open-ended chat requests (data/open-prompts.jsonl)")
     parser.add_argument("--passages", type=Path,
                         default=Path("../shared/data/gpteacher/roleplay-simple-deduped-roleplay-instruct.json"))
     args = parser.parse_args()
@@ -108,7 +178,7 @@ def main() -> None:
     passages = [r["response"] for r in records[-600:] if 300 <= len(r.get("response", "")) <= 1500]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     with args.output.open("w", encoding="utf-8") as out:
-        for record in general_prompts(passages, args.count):
+        for record in (general_prompts if args.kind == "general" else open_prompts)(passages, args.count):
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
     print(f"wrote {args.count} prompts to {args.output}")
 

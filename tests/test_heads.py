@@ -9,11 +9,14 @@ import torch
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.data import Example, read_examples
 from quickdraft.heads.eagle import EagleConfig, EagleHead
+from quickdraft.heads.command import distilled
+from quickdraft.heads.distill import answers_file, read_answers, regenerate
 from quickdraft.heads.features import extract_features, load_features
 from quickdraft.heads.medusa import MedusaHeads, medusa_loss
 from quickdraft.heads.train import (TrainSettings, eagle_batch, eagle_sequences, load_eagle, load_medusa,
                                     medusa_positions, train_eagle, train_medusa)
 from quickdraft.heads.vocab import coverage, draft_vocabulary, vocabulary_index
+from quickdraft.models.loading import LoadedModel
 
 
 def test_training_files_in_every_format_and_evaluation_sets_refused(tmp_path):
@@ -65,6 +68,7 @@ class IdTokenizer:
     """Characters as token ids (0..31), no chat template: enough for features on a tiny model."""
 
     chat_template = None
+    eos_token_id = pad_token_id = None
 
     def encode(self, text, add_special_tokens=True):
         return [ord(c) % 32 for c in text]
@@ -77,10 +81,44 @@ def tiny_shards(tiny_target, tmp_path_factory):
     text = "abcdefgh " * 12
     sequences = [encode_example(IdTokenizer(), Example("", text[i:] + text[:i]), 256) for i in range(40)]
     folder = tmp_path_factory.mktemp("features")
-    shards = load_features(extract_features(tiny_target, sequences, folder, progress=False))
-    with pytest.raises(QuickdraftError, match="other training data"):
-        extract_features(tiny_target, sequences[:5], folder, progress=False)
-    return shards
+    return load_features(extract_features(tiny_target, sequences, folder, progress=False))
+
+
+def test_feature_shards_are_cut_by_content_and_reused_when_examples_are_added(tiny_target, tmp_path):
+    generator = torch.Generator().manual_seed(0)
+    sequences = [(torch.randint(32, (12,), generator=generator).tolist(), 4) for _ in range(60)]
+    folder = extract_features(tiny_target, sequences, tmp_path / "grown", progress=False, shard_examples=6)
+    first = {name: (folder / name).stat().st_mtime_ns for name in json.loads((folder / "index.json").read_text())["shards"]}
+    assert len(first) > 4
+    added = sequences[:30] + [(torch.randint(32, (12,), generator=generator).tolist(), 4) for _ in range(3)]
+    added += sequences[30:]
+    grown = load_features(extract_features(tiny_target, added, folder, progress=False, shard_examples=6))
+    now = json.loads((folder / "index.json").read_text())["shards"]
+    # Only the shard that took the new examples was made again; every other one was reused as it was.
+    assert len(set(first) - set(now)) == 1
+    assert all((folder / name).stat().st_mtime_ns == first[name] for name in first)
+    fresh = load_features(extract_features(tiny_target, added, tmp_path / "fresh", progress=False, shard_examples=6))
+    assert len(grown) == len(fresh)
+    for ours, theirs in zip(grown, fresh):
+        assert all(torch.equal(ours[key], theirs[key]) for key in theirs)
+
+
+def test_distilled_answers_are_kept_per_prompt_and_only_new_prompts_run(tiny_target, tmp_path):
+    generator = torch.Generator().manual_seed(1)
+    sequences = [(torch.randint(1, 32, (5,), generator=generator).tolist() + [0, 0], 5) for _ in range(6)]
+    target = LoadedModel(tiny_target, IdTokenizer(), "tiny")
+    answered = distilled(target, sequences[:4], 6, tmp_path, progress=False, batch=2)
+    expected = regenerate(tiny_target, [(ids[:5], 5) for ids, _ in sequences], 0, [], 6, progress=False)
+    assert answered == expected[:4]
+    saved = answers_file(tmp_path, "tiny", 6)
+    assert len(saved.read_text().splitlines()) == 4
+    # A crash in the middle of a line: that answer is made again, the others are read back.
+    saved.write_text(saved.read_text()[:-9])
+    assert len(read_answers(saved)) == 3
+    assert distilled(target, sequences, 6, tmp_path, progress=False, batch=2) == expected
+    assert len(read_answers(saved)) == 6
+    # Another target does not read these answers.
+    assert answers_file(tmp_path, "other", 6) != saved
 
 
 def test_a_fresh_head_is_the_targets_own_next_token_head():

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.data import read_examples
-from quickdraft.heads.distill import regenerate
-from quickdraft.heads.features import Sequence, encode_example, extract_features, fingerprint, load_features
+from quickdraft.heads.distill import answers_file, append_answers, read_answers, regenerate
+from quickdraft.heads.features import Sequence, encode_example, extract_features, load_features
 from quickdraft.heads.eagle3 import Eagle3Config
 from quickdraft.heads.train import TrainSettings, train_eagle, train_medusa
 from quickdraft.heads.train_eagle3 import train_eagle3
@@ -50,18 +49,20 @@ def training_sequences(loaded: LoadedModel, data: list[Path], max_examples: int 
 
 def distilled(loaded: LoadedModel, sequences: list[Sequence], distill_tokens: int, cache: Path,
               progress: bool, batch: int = 64) -> list[Sequence]:
-    """The sequences' prompts with the target's greedy responses, made once and cached."""
+    """The sequences' prompts with the target's greedy responses. Answers are kept per prompt in
+    `cache` as each batch finishes: only prompts not answered before are run."""
     tokenizer = loaded.tokenizer
-    saved = cache / f"distilled-{fingerprint(sequences)}-{distill_tokens}.json"
-    if saved.is_file():
-        return [tuple(s) for s in json.loads(saved.read_text())]
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-    prompts = [(ids[:start], start) for ids, start in sequences if start > 0]
-    result = regenerate(loaded.model, prompts, pad, eos, distill_tokens, batch_size=batch, progress=progress)
-    cache.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps(result))
-    return result
+    saved = answers_file(cache, loaded.name, distill_tokens)
+    answers = read_answers(saved)
+    prompts = [ids[:start] for ids, start in sequences if start > 0]
+    missing = list({tuple(p): (p, len(p)) for p in prompts if tuple(p) not in answers}.values())
+    if missing:
+        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+        made = regenerate(loaded.model, missing, pad, eos, distill_tokens, batch_size=batch, progress=progress,
+                          on_batch=lambda done: append_answers(saved, done))
+        answers.update((tuple(ids[:start]), ids[start:]) for ids, start in made)
+    return [(p + answers[tuple(p)], len(p)) for p in prompts]
 
 
 def train(kind: str, target: str | None, data: list[Path], output: Path, *, heads: int = 3,

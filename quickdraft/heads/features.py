@@ -14,11 +14,10 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from quickdraft.errors import QuickdraftError
 from quickdraft.heads.data import Example
 
 Sequence = tuple[list[int], int]  # token ids of a conversation, and where its response starts
-SHARD_EXAMPLES = 256  # examples per shard file: a crash loses at most one shard
+SHARD_EXAMPLES = 64  # examples per shard file on average: a crash loses at most one shard
 
 
 def encode_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_tokens: int) -> Sequence:
@@ -34,31 +33,39 @@ def encode_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_tok
 
 
 def fingerprint(sequences: list[Sequence]) -> str:
-    """A short digest of the training sequences: a feature cache made from other data is refused."""
+    """A short digest of training sequences: a shard's name, so a shard is reused only for the same data."""
     return hashlib.sha256(json.dumps(sequences).encode()).hexdigest()[:16]
+
+
+def shard_sequences(sequences: list[Sequence], mean: int = SHARD_EXAMPLES) -> list[list[Sequence]]:
+    """Cut the sequences into shards where an example's own digest says so (content-defined, as
+    rsync cuts files): adding or removing examples changes only the shards around them, so the
+    features of the rest are reused. At most 16 * mean examples a shard (a rare forced cut)."""
+    shards, shard = [], []
+    for sequence in sequences:
+        shard.append(sequence)
+        if int(fingerprint([sequence]), 16) % mean == 0 or len(shard) == 16 * mean:
+            shards.append(shard)
+            shard = []
+    return shards + ([shard] if shard else [])
 
 
 @torch.inference_mode()
 def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: Path,
-                     progress: bool = True, layers: tuple[int, ...] = ()) -> Path:
-    """Write shards features-NNNNN.safetensors (tokens int32 [N], hidden bf16 [N, H] or, with
+                     progress: bool = True, layers: tuple[int, ...] = (), shard_examples: int = SHARD_EXAMPLES) -> Path:
+    """Write shards features-<digest>.safetensors (tokens int32 [N], hidden bf16 [N, H] or, with
     `layers`, the inputs of those target layers side by side [N, len(layers) H] (EAGLE-3's
     features), choice int32 [N]: the target's argmax after each position (with `layers`, -1 in
     prompts up to 2 tokens before the response), offsets int64 [E + 1],
-    starts int64 [E]) and index.json into `folder`; shards already there are kept (resuming an
-    interrupted run) when they were made from the same sequences and layers."""
+    starts int64 [E]) and index.json (this data's shards, in order) into `folder`. A shard is
+    named by its examples and layers: one already there is kept (resuming an interrupted run, or
+    reusing the examples a run shares with an earlier one). shard_examples: examples a shard on average."""
     folder.mkdir(parents=True, exist_ok=True)
-    digest = fingerprint(sequences) + (f"-layers-{'-'.join(map(str, layers))}" if layers else "")
-    index = folder / "index.json"
-    made_from = folder / "fingerprint"
-    if made_from.is_file() and made_from.read_text() != digest:
-        raise QuickdraftError(f"{folder} holds features of other training data; remove it or choose another folder")
-    made_from.write_text(digest)
-    shards = [sequences[i : i + SHARD_EXAMPLES] for i in range(0, len(sequences), SHARD_EXAMPLES)]
+    suffix = f"-layers-{'-'.join(map(str, layers))}" if layers else ""
     bar = tqdm(total=len(sequences), desc="features", unit="example", disable=not progress)
     names = []
-    for number, shard in enumerate(shards):
-        name = f"features-{number:05d}.safetensors"
+    for shard in shard_sequences(sequences, shard_examples):
+        name = f"features-{fingerprint(shard)}{suffix}.safetensors"
         names.append(name)
         if (folder / name).is_file():
             bar.update(len(shard))
@@ -90,7 +97,7 @@ def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: 
                    "offsets": torch.tensor(offsets), "starts": torch.tensor(starts)}, str(staging))
         staging.rename(folder / name)  # atomic: a half-written shard is never read
     bar.close()
-    index.write_text(json.dumps({"shards": names}))
+    (folder / "index.json").write_text(json.dumps({"shards": names}))
     return folder
 
 
