@@ -19,6 +19,7 @@ from quickdraft.backends.select import (
     make_backend,
     resolve_device,
     resolve_kind,
+    shapes_folder,
     static_supports,
 )
 from quickdraft.calibrate import calibrate_self_spec
@@ -108,7 +109,8 @@ class Decoder:
             return make_backend(loaded, kind, precision, str(self.device), layers, measure_shapes, cache_dir)
 
         self.target_backend = backend_for(target)
-        self.drafter = config.spec.build(Parts(target, draft, self.target_backend, backend_for), config)
+        shapes = shapes_folder(cache_dir) if measure_shapes else None
+        self.drafter = config.spec.build(Parts(target, draft, self.target_backend, backend_for, shapes), config)
         self.eos_ids = self.target_backend.eos_ids
         self.pass_costs = PassCosts()  # what this decoder's passes cost: shared by its generations' cost models
         # The cost model's prior slope: from this backend's measured pass costs where it has them.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from quickdraft.analysis import tree_budget
@@ -18,7 +19,7 @@ from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.lookup_branch import LookupBranch
 from quickdraft.drafters.medusa import MedusaDrafter
 from quickdraft.errors import QuickdraftError
-from quickdraft.heads.inference import for_drafting
+from quickdraft.heads.inference import draft_kernel, for_drafting
 from quickdraft.heads.store import head_folder, load_head
 from quickdraft.heads.train import read_config
 from quickdraft.models.layer_subset import decoder_layers, resolve_layers
@@ -35,6 +36,7 @@ class Parts:
     draft: LoadedModel | None
     target_backend: Backend
     backend_for: Callable[[LoadedModel, list[int] | None], Backend]
+    shapes: Path | None = None  # where kernel choices measured on this machine are cached (None: measure none)
 
 
 @dataclass(frozen=True)
@@ -134,8 +136,10 @@ def shared_head(kind: str, parts: Parts, config: MethodConfig):
     key = (kind, str(folder.resolve()), config.full_vocab, str(device))
     if key not in parts.target.heads:
         head = load_head(kind, parts.target, folder, config.full_vocab)
-        # int8 drafting copies use PyTorch's CPU kernel; elsewhere the head runs as trained.
-        parts.target.heads[key] = for_drafting(head) if device.type == "cpu" else head.to(device).eval()
+        # On a CPU, int8 or int4 drafting copies (whichever PyTorch kernel is faster here); elsewhere
+        # the head runs as trained.
+        parts.target.heads[key] = (for_drafting(head, draft_kernel(head, parts.shapes)) if device.type == "cpu"
+                                   else head.to(device).eval())
     return parts.target.heads[key]
 
 

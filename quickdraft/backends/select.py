@@ -132,7 +132,7 @@ def static_supports(model) -> bool:
 
 def _llama_cpp_faster(loaded: LoadedModel, device: torch.device, cache_dir: str | os.PathLike | None) -> bool:
     """Whether llama.cpp's one-token pass beats the native backend's at its default precision here."""
-    folder = _shapes_folder(cache_dir)
+    folder = shapes_folder(cache_dir)
 
     def compare() -> bool:
         fast = make_backend(loaded, LLAMA_CPP, GGUF, str(device), cache_dir=cache_dir).pass_ms[1]
@@ -168,7 +168,7 @@ def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32
     key = ("native" if native else "hf", precision, str(device), tuple(layers) if layers else None, measure)
     if key in loaded.backends:
         return loaded.backends[key]
-    folder = _shapes_folder(cache_dir)
+    folder = shapes_folder(cache_dir)
     if layers is not None:  # a layer subset shares the whole model's weights and measured shapes
         whole = make_backend(loaded, kind, precision, str(device), None, measure, cache_dir)
     if native:
@@ -212,7 +212,7 @@ def _llama_cpp_backend(loaded: LoadedModel, device: torch.device, layers: list[i
     if key not in loaded.backends:
         backend = LlamaCppBackend(gguf, loaded.name, loaded.tokenizer, loaded.eos_ids, threads)
         if measure:
-            backend.pass_ms = measure_pass_costs(backend, _shapes_folder(cache_dir),
+            backend.pass_ms = measure_pass_costs(backend, shapes_folder(cache_dir),
                                                  {"file": file_key(gguf), "threads": threads})
         loaded.backends[key] = backend
     return loaded.backends[key]
@@ -227,13 +227,13 @@ def _static_backend(loaded: LoadedModel, precision: str, device: torch.device, l
         weights = native_weights(loaded, precision, device, dense="linear")
         backend = StaticBackend(weights, loaded.name, loaded.tokenizer, loaded.eos_ids, layers, rows=STATIC_ROWS)
         if measure:
-            backend.pass_ms = measure_pass_costs(backend, _shapes_folder(cache_dir),
+            backend.pass_ms = measure_pass_costs(backend, shapes_folder(cache_dir),
                                                  {"rows": STATIC_ROWS, "layers": layers}, grid=STATIC_GRID)
         loaded.backends[key] = backend
     return loaded.backends[key]
 
 
-def _shapes_folder(cache_dir: str | os.PathLike | None) -> Path:
+def shapes_folder(cache_dir: str | os.PathLike | None) -> Path:
     """Where measured pass shapes and costs are cached."""
     return (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "pass_shapes"
 

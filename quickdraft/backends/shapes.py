@@ -70,7 +70,7 @@ def fastest_at_or_above(costs: dict[tuple, float], grid: tuple[int, ...]) -> dic
             for n in range(1, grid[-1] + 1)}
 
 
-def _ms(run: Callable[[], object]) -> float:
+def wall_ms(run: Callable[[], object]) -> float:
     """Wall milliseconds of run(), GPU work included (a GPU runs queued work after the call returns)."""
     sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
     sync()
@@ -109,7 +109,7 @@ def measure_row_plan(weights, folder: Path | None, progress: bool = True) -> dic
             for _ in tqdm(range(REPEATS), desc=f"quickdraft: timing {weights.precision} pass shapes (once)",
                           unit="round", disable=not progress, file=sys.stderr):
                 for case in cases:  # interleaved: drift hits every case alike
-                    costs[case].append(_ms(lambda: run(*case)))
+                    costs[case].append(wall_ms(lambda: run(*case)))
         best = fastest_at_or_above({case: statistics.median(t) for case, t in costs.items()}, ROW_GRID)
         return {n: [packed, rows if rows > n else 0] for n, (packed, rows) in best.items()}
 
@@ -139,7 +139,7 @@ def measure_pad_plan(backend, folder: Path | None, progress: bool = True) -> dic
         for _ in tqdm(range(REPEATS), desc="quickdraft: timing transformers pass shapes (once)", unit="round",
                       disable=not progress, file=sys.stderr):
             for case in costs:
-                costs[case].append(_ms(lambda: run(case[0])))
+                costs[case].append(wall_ms(lambda: run(case[0])))
         best = fastest_at_or_above({case: statistics.median(t) for case, t in costs.items()}, PAD_GRID)
         return {n: [rows] for n, (rows,) in best.items()}
 
@@ -167,7 +167,7 @@ def measure_dense_kernel(model, folder: Path | None, progress: bool = True) -> s
             for _ in tqdm(range(REPEATS), desc="quickdraft: timing bf16 matrix products (once)", unit="round",
                           disable=not progress, file=sys.stderr):
                 for kind, linears in kinds.items():
-                    costs[kind].append(_ms(lambda: [linear(x) for linear, x in zip(linears, xs)]))
+                    costs[kind].append(wall_ms(lambda: [linear(x) for linear, x in zip(linears, xs)]))
         # Widening doubles the bytes read: take it only where bf16 arithmetic is clearly slower.
         return "fp32" if statistics.median(costs["fp32"]) < 0.5 * statistics.median(costs["bf16"]) else "bf16"
 
@@ -211,7 +211,7 @@ def measure_pass_costs(backend, folder: Path | None, signature: dict | None = No
         for _ in tqdm(range(REPEATS), desc=f"quickdraft: timing {backend.name} passes (once)", unit="round",
                       disable=not progress, file=sys.stderr):
             for rows in grid:
-                costs[rows].append(_ms(lambda: run(rows)))
+                costs[rows].append(wall_ms(lambda: run(rows)))
         return {rows: statistics.median(t) for rows, t in costs.items()}
 
     return {int(n): float(ms) for n, ms in cached_choice(folder, signature, measure).items()}

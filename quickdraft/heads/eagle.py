@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quickdraft.backends.kv_cache import KVCache
+from quickdraft.heads.inference import outputs
 from quickdraft.models.rotary import default_inv_freq, rotate
 
 
@@ -52,6 +53,8 @@ class EagleConfig:
 class EagleHead(nn.Module):
     """fc(concat(embed(x_{t+1}), f_t)) -> a pre-norm decoder layer -> predicted f_{t+1}."""
 
+    FUSED_GROUPS = (("q", "k", "v"), ("gate", "up"))  # read one input: one product in a drafting copy
+
     def __init__(self, config: EagleConfig, embed: torch.Tensor, lm_head: torch.Tensor, vocab: torch.Tensor) -> None:
         super().__init__()
         c = self.config = config
@@ -72,6 +75,7 @@ class EagleHead(nn.Module):
         self.register_buffer("lm_head", lm_head.detach().float()[vocab], persistent=False)  # [V', H]
         self.register_buffer("inv_freq", default_inv_freq(d, c.rope_theta), persistent=False)  # [D/2]
         self.logits_layer: nn.Module | None = None  # set by heads.inference.for_drafting
+        self.fused = nn.ModuleDict()  # drafting copies' fused layers (heads/inference.py); empty when training
 
     def new_cache(self, max_length: int) -> KVCache:
         """A sequence's cache of the head's one layer (batch 1), up to `max_length` positions."""
@@ -88,9 +92,10 @@ class EagleHead(nn.Module):
         b, t, _ = hidden.shape
         x = self.fc(torch.cat([self.embed[tokens], hidden], dim=-1))  # [B, T, H]
         normed = self.input_norm(x)
-        q = self.q(normed).view(b, t, c.heads, c.head_dim).transpose(1, 2)  # [B, heads, T, D]
-        k = self.k(normed).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)  # [B, KV, T, D]
-        v = self.v(normed).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        q, k, v = outputs(self, self.FUSED_GROUPS[0], normed)
+        q = q.view(b, t, c.heads, c.head_dim).transpose(1, 2)  # [B, heads, T, D]
+        k = k.view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)  # [B, KV, T, D]
+        v = v.view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
         cos, sin = self._rotary(positions)  # [B, 1, T, D]
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if cache is None:
@@ -104,7 +109,8 @@ class EagleHead(nn.Module):
                                               enable_gqa=c.heads != c.kv_heads)  # [B, heads, T, D]
         x = x + self.o(attn.transpose(1, 2).reshape(b, t, c.heads * c.head_dim))
         normed = self.post_norm(x)
-        x = x + self.down(F.silu(self.gate(normed)) * self.up(normed))
+        gate, up = outputs(self, self.FUSED_GROUPS[1], normed)
+        x = x + self.down(F.silu(gate) * up)
         return x
 
     def logits(self, predicted: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from torch import nn
 
 from quickdraft.backends.kv_cache import KVCache
 from quickdraft.heads.eagle import EagleConfig
+from quickdraft.heads.inference import outputs
 from quickdraft.models.rotary import default_inv_freq, rotate
 
 
@@ -55,8 +56,11 @@ class Eagle3Config:
 
 
 class Attention(nn.Module):
+    FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"),)  # read one input: one product in a drafting copy
+
     def __init__(self, c: Eagle3Config) -> None:
         super().__init__()
+        self.fused = nn.ModuleDict()  # drafting copies' fused layers (heads/inference.py); empty when training
         self.q_proj = nn.Linear(2 * c.hidden, c.heads * c.head_dim, bias=False)  # reads [embedding, state]
         self.k_proj = nn.Linear(2 * c.hidden, c.kv_heads * c.head_dim, bias=False)
         self.v_proj = nn.Linear(2 * c.hidden, c.kv_heads * c.head_dim, bias=False)
@@ -64,8 +68,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    FUSED_GROUPS = (("gate_proj", "up_proj"),)
+
     def __init__(self, c: Eagle3Config) -> None:
         super().__init__()
+        self.fused = nn.ModuleDict()
         self.gate_proj = nn.Linear(c.hidden, c.intermediate, bias=False)
         self.up_proj = nn.Linear(c.hidden, c.intermediate, bias=False)
         self.down_proj = nn.Linear(c.intermediate, c.hidden, bias=False)
@@ -118,9 +125,10 @@ class Eagle3Head(nn.Module):
         c, layer = self.config, self.midlayer
         b, t, _ = state.shape
         x = torch.cat([layer.input_layernorm(self.embed[tokens]), layer.hidden_norm(state)], dim=-1)  # [B, T, 2H]
-        q = layer.self_attn.q_proj(x).view(b, t, c.heads, c.head_dim).transpose(1, 2)
-        k = layer.self_attn.k_proj(x).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
-        v = layer.self_attn.v_proj(x).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        q, k, v = outputs(layer.self_attn, Attention.FUSED_GROUPS[0], x)
+        q = q.view(b, t, c.heads, c.head_dim).transpose(1, 2)  # [B, heads, T, D]
+        k = k.view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)  # [B, KV, T, D]
+        v = v.view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
         angles = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
         angles = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, T, D]
         cos, sin = angles.cos(), angles.sin()
@@ -136,7 +144,8 @@ class Eagle3Head(nn.Module):
                                               enable_gqa=c.heads != c.kv_heads)  # [B, heads, T, D]
         x = state + layer.self_attn.o_proj(attn.transpose(1, 2).reshape(b, t, c.heads * c.head_dim))
         normed = layer.post_attention_layernorm(x)
-        return x + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(normed)) * layer.mlp.up_proj(normed))
+        gate, up = outputs(layer.mlp, MLP.FUSED_GROUPS[0], normed)
+        return x + layer.mlp.down_proj(F.silu(gate) * up)
 
     def forward(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                 cache: KVCache | None = None) -> torch.Tensor:
