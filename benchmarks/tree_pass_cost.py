@@ -3,7 +3,9 @@ the native backend (row-invariant attention below fp32), for the embedded defaul
 
 For n = 2..8 tokens per pass after --context cached tokens it times a chain pass and a tree pass
 (the root, then nodes under it in EAGLE's shape: two children per expanded node, the first
-child expanded), the median of --repeats interleaved rounds, cache rolled back after each.
+child expanded), the tree both ways the backend can read it (each row gathering its own keys,
+and read in place where this machine's kernel allows: models/row_attention.py), the median of
+--repeats interleaved rounds, cache rolled back after each.
 
     python benchmarks/tree_pass_cost.py --precision int4 --context 300
 """
@@ -59,11 +61,14 @@ def main() -> None:
         mask = torch.cat([torch.ones(n, args.context, dtype=torch.bool), tree_mask(parents)], dim=1)
         return SeqPass(cache, [7] * n, positions=[args.context + d for d in [0, *depths(parents)]], mask=mask)
 
-    cases = [("one", 1, lambda n: SeqPass(cache, [7]))] + [(kind, n, make) for n in sizes
-                                                          for kind, make in (("chain", chain), ("tree", tree))]
-    times: dict[tuple[str, int], list[float]] = {(kind, n): [] for kind, n, _ in cases}
+    in_place = backend.in_place_trees  # what this machine's check allowed (backends/shapes.py)
+    kinds = [("chain", chain, False), ("tree", tree, False)] + ([("tree in place", tree, True)] if in_place else [])
+    cases = [("one", 1, lambda n: SeqPass(cache, [7]), False)] + [(kind, n, make, place) for n in sizes
+                                                                 for kind, make, place in kinds]
+    times: dict[tuple[str, int], list[float]] = {(kind, n): [] for kind, n, _, _ in cases}
     for _ in tqdm(range(args.repeats), desc="rounds", unit="round"):
-        for kind, n, make in cases:
+        for kind, n, make, place in cases:
+            backend.in_place_trees = place
             p = make(n)
             start = time.perf_counter()
             backend.forward([p])
@@ -72,12 +77,18 @@ def main() -> None:
     ms = {key: statistics.median(t) for key, t in times.items()}
     one = ms[("one", 1)]
     print(f"native {args.precision}, {args.context} cached tokens, {args.threads} threads, {platform.processor() or platform.machine()}, "
-          f"torch {torch.__version__}, {date.today()}; one-token pass {one:.1f} ms")
-    print("| tokens in the pass | chain ms | x one token | tree ms | x one token | tree / chain |")
-    print("|---|---|---|---|---|---|")
+          f"torch {torch.__version__}, {date.today()}; one-token pass {one:.1f} ms; trees read in place: "
+          f"{'allowed' if in_place else 'not exact with this kernel'}")
+    print("| tokens in the pass | chain ms | x one token | tree ms (gathered) | x one token | tree / chain |"
+          + (" tree ms (in place) | x one token | tree / chain |" if in_place else ""))
+    print("|---|---|---|---|---|---|" + ("---|---|---|" if in_place else ""))
     for n in sizes:
         c, t = ms[("chain", n)], ms[("tree", n)]
-        print(f"| {n} | {c:.1f} | {c / one:.2f}x | {t:.1f} | {t / one:.2f}x | {t / c:.2f}x |")
+        line = f"| {n} | {c:.1f} | {c / one:.2f}x | {t:.1f} | {t / one:.2f}x | {t / c:.2f}x |"
+        if in_place:
+            r = ms[("tree in place", n)]
+            line += f" {r:.1f} | {r / one:.2f}x | {r / c:.2f}x |"
+        print(line)
 
 
 if __name__ == "__main__":

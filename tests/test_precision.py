@@ -77,13 +77,19 @@ def test_a_verify_pass_gives_each_token_the_logits_of_one_token_passes(precision
         assert torch.equal(many.forward(extra), alone), prefix
 
 
+@pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("precision, dense", ROW_INVARIANT)
-def test_a_tree_pass_gives_each_node_the_logits_of_one_token_passes_along_its_path(precision, dense):
-    # Nodes whose ancestors sit after their siblings read the keys in the order of their path.
+def test_a_tree_pass_gives_each_node_the_logits_of_one_token_passes_along_its_path(precision, dense, in_place):
+    # Nodes whose ancestors sit after their siblings read the keys in the order of their path:
+    # gathered, or in place with their siblings masked where this machine's kernel allows it.
+    from quickdraft.models.row_attention import trees_read_in_place
     from quickdraft.tree import ancestors, pass_layout
 
     model = tiny_llama(seed=1, max_positions=600, hidden=64)
-    backend = NativeBackend(NativeWeights.from_model(model, precision, dense_kernel=dense), "t")
+    weights = NativeWeights.from_model(model, precision, dense_kernel=dense)
+    if in_place and not trees_read_in_place(weights.heads, weights.kv_heads, weights.head_dim):
+        pytest.skip("this machine's matmul kernel does not keep trees read in place exact (the backend gathers)")
+    backend = NativeBackend(weights, "t", in_place_trees=in_place)
     tokens, parents = [5, 6, 7, 8, 9, 3, 2], [-1, -1, -1, 1, 3, 0, 4]  # a bushy tree, depth 4
     for prefix in (40, 62, 254):  # 62, 254: deep nodes sit past a key chunk that starts inside the tree
         prompt = [(7 * i) % 32 for i in range(prefix)]

@@ -29,10 +29,13 @@ class NativeBackend:
 
     def __init__(self, weights: NativeWeights, name: str, tokenizer: PreTrainedTokenizerBase | None = None,
                  eos_ids: frozenset[int] = frozenset(), layers: list[int] | None = None,
-                 plan: RowPlan | None = None) -> None:
+                 plan: RowPlan | None = None, in_place_trees: bool = False) -> None:
         self.weights, self.name, self.tokenizer, self.eos_ids = weights, name, tokenizer, eos_ids
         self.layer_ids = list(range(len(weights.layers))) if layers is None else list(layers)
         self.plan: RowPlan = plan or {}
+        # Below fp32: tree rows read the cache in place where this machine's kernel keeps them exact
+        # (backends/shapes.py check_in_place_trees), else they gather their keys.
+        self.in_place_trees = in_place_trees
         self.pass_ms: dict[int, float] | None = None  # measured by backends/select.py when asked
         self.vocab_size = weights.lm_head.out_features
         self.max_length = weights.max_length
@@ -119,7 +122,7 @@ class NativeBackend:
         position_ids = torch.tensor(positions, dtype=torch.long, device=self.device)  # [n]
         rotations = [table.at(position_ids, max(positions) + 1) for table in self.rotaries]
         if self._row_invariant:
-            return rotations, Attention(None, row_groups(start, n, p.mask, self.device))
+            return rotations, Attention(None, row_groups(start, n, p.mask, self.device, self.in_place_trees))
         mask = p.mask
         if mask is None and (n > 1 or self._windows):  # causal: token i sees the cache and the new tokens up to itself
             mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(diagonal=start)

@@ -14,6 +14,7 @@ from quickdraft.backends.native import NativeBackend
 from quickdraft.backends.static import StaticBackend
 from quickdraft.backends.shapes import (
     cached_choice,
+    check_in_place_trees,
     measure_dense_kernel,
     measure_pad_plan,
     measure_pass_costs,
@@ -173,12 +174,14 @@ def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32
         whole = make_backend(loaded, kind, precision, str(device), None, measure, cache_dir)
     if native:
         if layers is not None:
-            backend = NativeBackend(whole.weights, loaded.name, loaded.tokenizer, loaded.eos_ids, layers, whole.plan)
+            backend = NativeBackend(whole.weights, loaded.name, loaded.tokenizer, loaded.eos_ids, layers, whole.plan,
+                                    whole.in_place_trees)
         else:
             weights = native_weights(loaded, precision, device, folder if measure else None)
             backend = NativeBackend(weights, loaded.name, loaded.tokenizer, loaded.eos_ids)
             if measure:
                 backend.plan = measure_row_plan(weights, folder)
+                backend.in_place_trees = check_in_place_trees(weights, folder)
                 shape = {"threads": torch.get_num_threads(), "layers": len(weights.layers),
                          "hidden": backend.hidden_size, "vocab": backend.vocab_size, "max_length": backend.max_length}
                 backend.pass_ms = measure_pass_costs(backend, folder, shape, grid=NATIVE_COST_GRID)

@@ -174,6 +174,20 @@ def measure_dense_kernel(model, folder: Path | None, progress: bool = True) -> s
     return str(cached_choice(folder, signature, measure))
 
 
+def check_in_place_trees(weights, folder: Path | None) -> bool:
+    """Whether tree rows may read the KV cache in place below fp32 (models/row_attention.py
+    trees_read_in_place: a property of this machine's matmul kernel), checked once per machine
+    and attention shape, cached in `folder`; None: not checked, so gather (always exact)."""
+    from quickdraft.models.row_attention import trees_read_in_place
+
+    if folder is None or weights.dtype == torch.float32:  # fp32 passes use SDPA, not row groups
+        return False
+    signature = {"check": "trees read in place", "heads": weights.heads, "kv_heads": weights.kv_heads,
+                 "head_dim": weights.head_dim, "device": str(weights.device)}
+    return bool(cached_choice(folder, signature, lambda: trees_read_in_place(
+        weights.heads, weights.kv_heads, weights.head_dim, weights.device)))
+
+
 def _shape(linear) -> tuple[int, int]:
     """(out, in) of any of the native backend's linear layers."""
     return linear.out_features, linear.in_features

@@ -13,6 +13,14 @@ a chunk of KEY_CHUNK keys per tree row is gathered, and all tree rows go through
 matmul (BENCHMARKS.md: "Tree passes"). A row whose own chunk starts past the pass's first token
 (the tree crosses a chunk boundary) gathers its earlier chunks too, on its own.
 
+Trees in place. Where this machine's matmul kernel sums every output in order along the
+contraction (checked at load: trees_read_in_place), a key that weighs exactly 0 changes no sum
+and a key's score does not depend on which row of the matrix holds it. Then the tree rows of the
+root's chunk need no gathering: they read the cache in place from their chunk's start to the
+tree's last slot (whole chunks), their siblings' keys masked, as a chain's rows do. Their
+visible keys are in path order there already (parents sit before children), and the masked ones
+add exact zeros.
+
 Why not SDPA: its CPU kernel blocks its sums by the pass's shape, so a token's bf16 output
 changed with the tokens beside it. Here both matmuls put the keys on the rows and the queries on
 the columns, padded to whole blocks of 16 (measured: a column's result then does not depend on
@@ -48,17 +56,18 @@ class RowGroup:
     part in path order (None: the cache's first `prefix` slots, shared by the group).
     tail_index [m, KEY_CHUNK]: each row's own chunk in path order (None: the cache's slots
     prefix..prefix + KEY_CHUNK, shared). hidden: True where a row may not see a key of its chunk,
-    [KEY_CHUNK, 1, m] when shared, [m, KEY_CHUNK, 1] when per row (the scores' layouts)."""
+    [tail, 1, m] when shared, [m, KEY_CHUNK, 1] when per row (the scores' layouts)."""
 
     rows: slice | torch.Tensor
     prefix: int
     hidden: torch.Tensor
     tail_index: torch.Tensor | None = None
     prefix_index: torch.Tensor | None = None
+    tail: int = KEY_CHUNK  # keys of the own part when shared: a tree read in place may span several chunks
 
 
 def row_groups(start: int, n: int, mask: torch.Tensor | None,
-               device: torch.device | str = "cpu") -> list[RowGroup]:
+               device: torch.device | str = "cpu", in_place: bool = False) -> list[RowGroup]:
     """Group a pass's rows (cache slots start..start+n-1) by how they read their keys. mask
     [n, start + n] (True: visible), or None for a causal pass (no per-row work: a long prefill
     stays cheap).
@@ -66,7 +75,8 @@ def row_groups(start: int, n: int, mask: torch.Tensor | None,
     In a chain (every row sees the cache's first slots up to its own), rows that share a chunk
     read the cache in place. In a tree (some row skips its siblings) every row gathers its own
     chunk in path order, and rows with the same prefix part share one batched matmul: usually
-    the whole pass is one group."""
+    the whole pass is one group. in_place (where trees_read_in_place holds): the tree rows of
+    the root's chunk read the cache in place instead, one group."""
     seen = [None if mask is None else mask[i].nonzero()[:, 0].tolist() for i in range(n)]  # visible slots, ascending
     positions = [start + i if s is None else len(s) - 1 for i, s in enumerate(seen)]
     if all(s is None or s[-1] == p for s, p in zip(seen, positions)):  # a chain: every row's keys are the cache's first
@@ -74,14 +84,20 @@ def row_groups(start: int, n: int, mask: torch.Tensor | None,
         for i, p in enumerate(positions):
             runs.setdefault(chunk_start(p), []).append(i)
         return [_shared_group(start, rows, device) for rows in runs.values()]
-    groups, gathered = [], {}  # prefix -> rows whose prefix part is the cache's first slots
+    groups, gathered, read = [], {}, []  # prefix -> rows whose prefix part is the cache's first slots
+    first = chunk_start(start)
     for i, (s, p) in enumerate(zip(seen, positions)):
         prefix = chunk_start(p)
         if prefix == 0 or s[prefix - 1] == prefix - 1:
-            gathered.setdefault(prefix, []).append(i)
+            if in_place and prefix == first:
+                read.append(i)
+            else:
+                gathered.setdefault(prefix, []).append(i)
         else:  # its prefix part holds tree slots too: gather it, alone
             path = torch.tensor(s, dtype=torch.long, device=device)
             groups.append(_gathered_group([i], prefix, [s], device, prefix_index=path[:prefix]))
+    if read:
+        groups.append(_in_place_group(read, first, start + n, mask, device))
     return [_gathered_group(rows, prefix, [seen[i] for i in rows], device) for prefix, rows in gathered.items()] + groups
 
 
@@ -92,6 +108,18 @@ def _shared_group(start: int, rows: list[int], device: torch.device | str) -> Ro
     slots = prefix + torch.arange(KEY_CHUNK, device=device)  # [C]
     hidden = slots[:, None] > ends[None]  # [C, m]
     return RowGroup(slice(rows[0], rows[-1] + 1), prefix, hidden[:, None, :])
+
+
+def _in_place_group(rows: list[int], prefix: int, end: int, mask: torch.Tensor,
+                    device: torch.device | str) -> RowGroup:
+    """Tree rows of the chunk at `prefix` reading slots prefix..end-1 (whole chunks) in place; a
+    slot a row may not see, or past the pass, is hidden."""
+    tail = (end - prefix + KEY_CHUNK - 1) // KEY_CHUNK * KEY_CHUNK
+    which = torch.tensor(rows, dtype=torch.long, device=mask.device)
+    visible = mask.index_select(0, which)[:, prefix:end]  # [m, end - prefix]
+    hidden = torch.ones(tail, len(rows), dtype=torch.bool, device=mask.device)  # [tail, m]
+    hidden[: end - prefix] = ~visible.T
+    return RowGroup(which.to(device), prefix, hidden[:, None, :].to(device), tail=tail)
 
 
 def _gathered_group(rows: list[int], prefix: int, seen: list[list[int]], device: torch.device | str,
@@ -118,7 +146,7 @@ def group_keys(keys: torch.Tensor, values: torch.Tensor, group: RowGroup
     else:
         prefix = keys.index_select(1, group.prefix_index), values.index_select(1, group.prefix_index)
     if group.tail_index is None:
-        tail = keys[:, c : c + KEY_CHUNK], values[:, c : c + KEY_CHUNK]
+        tail = keys[:, c : c + group.tail], values[:, c : c + group.tail]
     else:  # index_select over the flat index: a few times faster than indexing with the 2-d one
         m, flat = group.tail_index.shape[0], group.tail_index.view(-1)
         tail = (keys.index_select(1, flat).view(keys.shape[0], m, KEY_CHUNK, -1),
@@ -174,3 +202,50 @@ def _weighted_values(values: torch.Tensor, weights: torch.Tensor, cols: int) -> 
     contraction, columns padded to whole blocks."""
     padded = F.pad(weights, (0, whole_column_blocks(cols) - cols))
     return torch.matmul(values.transpose(1, 2), padded)[..., :cols]
+
+
+def trees_read_in_place(heads: int, kv_heads: int, head_dim: int, device: torch.device | str = "cpu",
+                        trials: int = 24) -> bool:
+    """Whether tree rows read in place (the module docstring) get, bit for bit, what their one-token
+    passes get with this machine's matmul kernel: random trees after random cache lengths, every
+    row compared in fp32. A property of the kernel, so the native backend checks it once per
+    machine and gathers where it fails."""
+    generator = torch.Generator().manual_seed(0)
+
+    def draw(high: int, low: int = 0) -> int:
+        return int(torch.randint(low, high, (1,), generator=generator))
+
+    def cache(keys: torch.Tensor, values: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k = torch.zeros(kv_heads, capacity, head_dim, device=device)
+        v = torch.zeros(kv_heads, capacity, head_dim + 1, device=device)
+        v[..., head_dim] = 1
+        k[:, : keys.shape[1]], v[:, : keys.shape[1], :head_dim] = keys, values
+        return k, v
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
+        out = torch.empty_like(q)
+        for group in row_groups(start, q.shape[1], mask, device, in_place=True):
+            out[:, group.rows] = row_invariant_attention(q[:, group.rows], *group_keys(k, v, group), group.hidden)
+        return out
+
+    for _ in range(trials):
+        start, nodes = draw(3 * KEY_CHUNK), draw(17, 2)
+        parents = [-1] + [draw(i, -1) for i in range(1, nodes)]  # nodes under the root, parents first
+        n, capacity = nodes + 1, (start + nodes + 1 + 2 * KEY_CHUNK) // KEY_CHUNK * KEY_CHUNK
+        paths = [[0]]  # each row's tree slots (0: the root), root to itself
+        for node, parent in enumerate(parents, start=1):
+            paths.append((paths[parent + 1] if parent >= 0 else [0]) + [node])
+        mask = torch.zeros(n, start + n, dtype=torch.bool, device=device)
+        mask[:, :start] = True
+        for row, path in enumerate(paths):
+            mask[row, [start + slot for slot in path]] = True
+        keys = torch.randn(kv_heads, start + n, head_dim, generator=generator).to(device)
+        values = torch.randn(kv_heads, start + n, head_dim, generator=generator).to(device)
+        q = torch.randn(heads, n, head_dim, generator=generator).to(device)
+        rows = attend(q, *cache(keys, values, capacity), start, mask)
+        for row, path in enumerate(paths):
+            order = list(range(start)) + [start + slot for slot in path]
+            alone = attend(q[:, row : row + 1], *cache(keys[:, order], values[:, order], capacity), len(order) - 1, None)
+            if not torch.equal(rows[:, row : row + 1], alone):
+                return False
+    return True
