@@ -87,3 +87,19 @@ def test_the_transformers_backend_pads_passes_and_keeps_its_cache_exact(tiny_tar
                           b.forward([3, 4, 5], positions=positions, mask=mask), atol=1e-5)
     plan = measure_pad_plan(plain, tmp_path, progress=False)
     assert all(size > n for n, size in plan.items()) and list(tmp_path.glob("*.json"))
+
+
+def test_trees_read_in_place_only_below_fp32_where_the_check_passed_and_it_is_cached(tmp_path):
+    from quickdraft.backends.shapes import check_in_place_trees
+    from quickdraft.models.row_attention import trees_read_in_place
+
+    model = tiny_llama(seed=1)
+    bf16 = NativeWeights.from_model(model, "bf16")
+    assert check_in_place_trees(bf16, None) is False  # not checked: gather, always exact
+    assert check_in_place_trees(NativeWeights.from_model(model, "fp32"), tmp_path) is False  # SDPA, no row groups
+    assert not list(tmp_path.glob("*.json"))
+    expected = trees_read_in_place(bf16.heads, bf16.kv_heads, bf16.head_dim)
+    assert check_in_place_trees(bf16, tmp_path) is expected
+    (saved,) = tmp_path.glob("*.json")
+    saved.write_text(saved.read_text().replace(f'"choice": {str(expected).lower()}', f'"choice": {str(not expected).lower()}'))
+    assert check_in_place_trees(bf16, tmp_path) is (not expected)  # read back, not checked again
