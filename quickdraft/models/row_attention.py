@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from quickdraft.models.linear import whole_column_blocks
+from quickdraft.tree import ancestors, tree_mask
 
 KEY_CHUNK = 32  # keys are summed in whole chunks of this many; a KV cache grows in whole chunks
 
@@ -232,13 +233,8 @@ def trees_read_in_place(heads: int, kv_heads: int, head_dim: int, device: torch.
         start, nodes = draw(3 * KEY_CHUNK), draw(17, 2)
         parents = [-1] + [draw(i, -1) for i in range(1, nodes)]  # nodes under the root, parents first
         n, capacity = nodes + 1, (start + nodes + 1 + 2 * KEY_CHUNK) // KEY_CHUNK * KEY_CHUNK
-        paths = [[0]]  # each row's tree slots (0: the root), root to itself
-        for node, parent in enumerate(parents, start=1):
-            paths.append((paths[parent + 1] if parent >= 0 else [0]) + [node])
-        mask = torch.zeros(n, start + n, dtype=torch.bool, device=device)
-        mask[:, :start] = True
-        for row, path in enumerate(paths):
-            mask[row, [start + slot for slot in path]] = True
+        paths = [[0]] + [[0] + [a + 1 for a in ancestors(node, parents)] for node in range(nodes)]  # tree slots
+        mask = torch.cat([torch.ones(n, start, dtype=torch.bool), tree_mask(parents)], dim=1).to(device)
         keys = torch.randn(kv_heads, start + n, head_dim, generator=generator).to(device)
         values = torch.randn(kv_heads, start + n, head_dim, generator=generator).to(device)
         q = torch.randn(heads, n, head_dim, generator=generator).to(device)
