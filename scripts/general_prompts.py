@@ -7,7 +7,7 @@ Nothing here comes from an evaluation set: German sentences are built from a sma
 written for this script; passages are responses from the GPTeacher roleplay training split.
 
     python scripts/general_prompts.py --output data/general-prompts.jsonl
-    python scripts/general_prompts.py --kind open --count 1200 --output data/open-prompts.jsonl
+    python scripts/general_prompts.py --kind open --count 3200 --output data/open-prompts.jsonl
 """
 
 from __future__ import annotations
