@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "text); one N, or one per --data file")
     train.add_argument("--distill-batch", type=int, metavar="N",
                        help="with --distill: prompts answered at once (default: 64 on a CPU, 256 on a GPU)")
+    train.add_argument("--feature-batch", type=int, metavar="TOKENS",
+                       help="padded tokens of one feature-extraction pass (default: one example a pass on a "
+                            "CPU, where batches measured slower; 16384 on a GPU)")
     train.add_argument("--eagle", type=int, choices=[1, 3], default=3,
                        help="eagle: 3 fuses low, middle and high target layers and trains unrolled (default); "
                             "1 reads the last hidden state")
@@ -324,7 +327,8 @@ def _train(args: argparse.Namespace) -> int:
                    max_examples=_one_or_each(args.max_examples), max_tokens=args.max_tokens,
                    distill_tokens=args.distill,
                    distill_examples=_one_or_each(args.distill_examples), cache=args.cache, settings=settings,
-                   eagle=args.eagle, distill_batch=args.distill_batch)
+                   eagle=args.eagle, distill_batch=args.distill_batch,
+                   feature_batch=args.feature_batch)
     top1 = ", ".join(f"{a:.1%}" for a in result["held_out_top1"])
     kind = "held-out top-1 (teacher-forced)" if len(result["held_out_top1"]) == 1 or args.kind == "medusa" else \
         "held-out top-1 by draft depth"

@@ -12,7 +12,7 @@ from quickdraft.heads.eagle import EagleConfig, EagleHead
 from quickdraft.heads.eagle3 import Eagle3Config, Eagle3Head
 from quickdraft.heads.command import distilled
 from quickdraft.heads.distill import answers_file, read_answers, regenerate
-from quickdraft.heads.features import extract_features, load_features
+from quickdraft.heads.features import extract_features, feature_batches, load_features
 from quickdraft.heads.medusa import MedusaHeads, medusa_loss
 from quickdraft.heads.train import (TrainSettings, eagle_batch, eagle_sequences, load_eagle, load_medusa,
                                     medusa_positions, train_eagle, train_medusa)
@@ -102,6 +102,28 @@ def test_feature_shards_are_cut_by_content_and_reused_when_examples_are_added(ti
     assert len(grown) == len(fresh)
     for ours, theirs in zip(grown, fresh):
         assert all(torch.equal(ours[key], theirs[key]) for key in theirs)
+
+
+def test_feature_batches_group_similar_lengths_within_the_token_budget():
+    assert feature_batches([5, 3, 9, 4], 15) == [[1, 3, 0], [2]]  # 3 rows of width 5; 4 of 9 would be 36
+    assert feature_batches([5, 3, 9, 4], 100) == [[1, 3, 0, 2]]
+    assert feature_batches([5, 3, 9], 1) == [[1], [0], [2]]  # each alone, however long
+
+
+def test_batched_features_equal_one_example_a_pass(tiny_target, tmp_path):
+    generator = torch.Generator().manual_seed(3)
+    sequences = [(torch.randint(32, (n,), generator=generator).tolist(), n // 3) for n in range(4, 40, 3)]
+    layers = Eagle3Config.from_target(tiny_target.config).features
+    batched = load_features(extract_features(tiny_target, sequences, tmp_path / "batched", progress=False,
+                                             layers=layers, batch_tokens=256))
+    alone = load_features(extract_features(tiny_target, sequences, tmp_path / "alone", progress=False,
+                                           layers=layers, batch_tokens=1))
+    assert len(feature_batches([len(ids) for ids, _ in sequences], 256)) < len(sequences)  # passes of several
+    assert len(batched) == len(alone)
+    for ours, theirs in zip(batched, alone):
+        for key in ("tokens", "choice", "offsets", "starts"):
+            assert torch.equal(ours[key], theirs[key]), key
+        torch.testing.assert_close(ours["hidden"].float(), theirs["hidden"].float(), atol=2e-2, rtol=1e-2)
 
 
 def test_distilled_answers_are_kept_per_prompt_and_only_new_prompts_run(tiny_target, tmp_path):
@@ -203,6 +225,8 @@ def test_train_command_refuses_evaluation_data_before_loading_anything(tmp_path,
     assert main(["train", "eagle", "--data", str(good), "--output", str(tmp_path / "out"), "--distill", "8",
                  "--distill-batch", "0"]) == 2
     assert "--distill-batch must be >= 1" in capsys.readouterr().err
+    assert main(["train", "eagle", "--data", str(good), "--output", str(tmp_path / "out"), "--feature-batch", "0"]) == 2
+    assert "--feature-batch must be >= 1" in capsys.readouterr().err
 
 
 def test_training_runs_where_the_device_flag_says(tmp_path, capsys):

@@ -69,11 +69,13 @@ def train(kind: str, target: str | None, data: list[Path], output: Path, *, head
           max_examples: int | list[int] | None = None, max_tokens: int = 512, distill_tokens: int | None = None,
           distill_examples: int | list[int] | None = None, cache: Path | None = None,
           settings: TrainSettings = TrainSettings(), eagle: int = 3, progress: bool = True,
-          distill_batch: int | None = None) -> dict:
+          distill_batch: int | None = None, feature_batch: int | None = None) -> dict:
     """Train a `kind` head for `target` (None: the embedded default) on `data` files; returns its
     config. eagle: 3 (fused features, training-time test) or 1 (last hidden state) for EAGLE heads.
     distill_batch: prompts answered at once (default: 64 on a CPU, 256 on a GPU, where a small
-    target's decode step costs about the same for many rows as for few)."""
+    target's decode step costs about the same for many rows as for few). feature_batch: padded
+    tokens of one feature-extraction pass (default: one example a pass on a CPU, where batches
+    measured slower, padding and all; 16,384 on a GPU, where one example a pass is launch-bound)."""
     if kind not in KINDS:
         raise QuickdraftError(f"unknown head kind {kind!r}; choose one of: {', '.join(KINDS)}")
     if eagle not in (1, 3):
@@ -86,6 +88,10 @@ def train(kind: str, target: str | None, data: list[Path], output: Path, *, head
         distill_batch = 64 if settings.device == "cpu" else 256
     if distill_batch < 1:
         raise QuickdraftError(f"--distill-batch must be >= 1, got {distill_batch}")
+    if feature_batch is None:
+        feature_batch = 1 if settings.device == "cpu" else 16384
+    if feature_batch < 1:
+        raise QuickdraftError(f"--feature-batch must be >= 1, got {feature_batch}")
     for path in data:
         read_examples(path)  # refuse evaluation sets and missing files before loading the model
     cache = cache if cache is not None else output / "cache"
@@ -98,10 +104,11 @@ def train(kind: str, target: str | None, data: list[Path], output: Path, *, head
     if kind == "eagle" and eagle == 3:
         config = Eagle3Config.from_target(loaded.model.config)
         shards = load_features(extract_features(loaded.model, sequences, cache / "features-eagle3", progress,
-                                                config.features))
+                                                config.features, batch_tokens=feature_batch))
         norm = loaded.model.model.norm.weight.detach().cpu()
         return train_eagle3(shards, lm_head, norm, embeddings, config, output, settings, loaded.name, progress)
-    shards = load_features(extract_features(loaded.model, sequences, cache / "features", progress))
+    shards = load_features(extract_features(loaded.model, sequences, cache / "features", progress,
+                                            batch_tokens=feature_batch))
     if kind == "medusa":
         return train_medusa(shards, lm_head, heads, output, settings, loaded.name, progress)
     return train_eagle(shards, lm_head, embeddings, loaded.model.config, output, settings, loaded.name, progress)

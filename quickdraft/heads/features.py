@@ -18,6 +18,7 @@ from quickdraft.heads.data import Example
 
 Sequence = tuple[list[int], int]  # token ids of a conversation, and where its response starts
 SHARD_EXAMPLES = 64  # examples per shard file on average: a crash loses at most one shard
+FEATURE_BATCH_TOKENS = 4096  # padded tokens a batched pass of the target at most
 
 
 def encode_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_tokens: int) -> Sequence:
@@ -50,16 +51,32 @@ def shard_sequences(sequences: list[Sequence], mean: int = SHARD_EXAMPLES) -> li
     return shards + ([shard] if shard else [])
 
 
+def feature_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices of sequences of these lengths, grouped for batched passes: similar lengths share a
+    pass (little compute goes to padding), at most `budget` padded tokens a pass (a longer
+    sequence alone)."""
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if batches and (len(batches[-1]) + 1) * lengths[i] <= budget:
+            batches[-1].append(i)  # sorted: the newest is the longest, so it sets the padded width
+        else:
+            batches.append([i])
+    return batches
+
+
 @torch.inference_mode()
 def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: Path,
-                     progress: bool = True, layers: tuple[int, ...] = (), shard_examples: int = SHARD_EXAMPLES) -> Path:
+                     progress: bool = True, layers: tuple[int, ...] = (), shard_examples: int = SHARD_EXAMPLES,
+                     batch_tokens: int = FEATURE_BATCH_TOKENS) -> Path:
     """Write shards features-<digest>.safetensors (tokens int32 [N], hidden bf16 [N, H] or, with
     `layers`, the inputs of those target layers side by side [N, len(layers) H] (EAGLE-3's
     features), choice int32 [N]: the target's argmax after each position (with `layers`, -1 in
     prompts up to 2 tokens before the response), offsets int64 [E + 1],
     starts int64 [E]) and index.json (this data's shards, in order) into `folder`. A shard is
     named by its examples and layers: one already there is kept (resuming an interrupted run, or
-    reusing the examples a run shares with an earlier one). shard_examples: examples a shard on average."""
+    reusing the examples a run shares with an earlier one). shard_examples: examples a shard on
+    average. A shard's examples run through the target in right-padded batches of at most
+    `batch_tokens` tokens (on a GPU one example a pass would be bound by kernel launches)."""
     folder.mkdir(parents=True, exist_ok=True)
     suffix = f"-layers-{'-'.join(map(str, layers))}" if layers else ""
     bar = tqdm(total=len(sequences), desc="features", unit="example", disable=not progress)
@@ -70,35 +87,48 @@ def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: 
         if (folder / name).is_file():
             bar.update(len(shard))
             continue
-        tokens, hidden, choice, offsets, starts = [], [], [], [0], []
-        for ids, start in shard:
-            if len(ids) - start < 2:
-                bar.update(1)
-                continue  # nothing to learn from
-            out = model.model(torch.tensor([ids], device=model.device), output_hidden_states=bool(layers))
-            states = out.last_hidden_state[0]  # [T, H], after the final norm
-            # hidden_states[i] is the input of layer i (0: the embeddings): where EAGLE-3 reads.
-            kept = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1) if layers else states  # [T, F]
-            tokens.append(torch.tensor(ids, dtype=torch.int32))
-            hidden.append(kept.to(torch.bfloat16).cpu())
-            # EAGLE-3 heads learn on responses only: their prompts' choices (-1) cost no LM head.
-            first = max(start - 2, 0) if layers else 0
-            picked = torch.full((len(ids),), -1, dtype=torch.int32)
-            picked[first:] = model.get_output_embeddings()(states[first:]).argmax(-1).to(torch.int32).cpu()
-            choice.append(picked)  # [T]
-            offsets.append(offsets[-1] + len(ids))
-            starts.append(start)
-            bar.update(1)
-        if not tokens:
+        kept = [(ids, start) for ids, start in shard if len(ids) - start >= 2]  # else nothing to learn from
+        bar.update(len(shard) - len(kept))
+        if not kept:
             names.pop()
             continue
+        made: list[tuple[torch.Tensor, torch.Tensor]] = [None] * len(kept)  # type: ignore[list-item]
+        for batch in feature_batches([len(ids) for ids, _ in kept], batch_tokens):
+            for i, features in zip(batch, target_features(model, [kept[i] for i in batch], layers)):
+                made[i] = features
+            bar.update(len(batch))
         staging = folder / (name + ".partial")
-        save_file({"tokens": torch.cat(tokens), "hidden": torch.cat(hidden), "choice": torch.cat(choice),
-                   "offsets": torch.tensor(offsets), "starts": torch.tensor(starts)}, str(staging))
+        lengths = torch.tensor([0] + [len(ids) for ids, _ in kept])
+        save_file({"tokens": torch.cat([torch.tensor(ids, dtype=torch.int32) for ids, _ in kept]),
+                   "hidden": torch.cat([hidden for hidden, _ in made]), "choice": torch.cat([c for _, c in made]),
+                   "offsets": lengths.cumsum(0), "starts": torch.tensor([start for _, start in kept])}, str(staging))
         staging.rename(folder / name)  # atomic: a half-written shard is never read
     bar.close()
     (folder / "index.json").write_text(json.dumps({"shards": names}))
     return folder
+
+
+def target_features(model: PreTrainedModel, batch: list[Sequence],
+                    layers: tuple[int, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One right-padded pass of the target over `batch` -> each sequence's (features bf16 [T, F],
+    choices int32 [T]) as extract_features stores them. Causal attention: padding after a
+    sequence never reaches its positions."""
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.tensor([ids + [0] * (width - len(ids)) for ids, _ in batch], device=model.device)  # [B, W]
+    mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in batch], device=model.device)
+    out = model.model(ids, attention_mask=mask, output_hidden_states=bool(layers))
+    result = []
+    for row, (tokens, start) in enumerate(batch):
+        n = len(tokens)
+        states = out.last_hidden_state[row, :n]  # [T, H], after the final norm
+        # hidden_states[i] is the input of layer i (0: the embeddings): where EAGLE-3 reads.
+        kept = torch.cat([out.hidden_states[i][row, :n] for i in layers], dim=-1) if layers else states  # [T, F]
+        # EAGLE-3 heads learn on responses only: their prompts' choices (-1) cost no LM head.
+        first = max(start - 2, 0) if layers else 0
+        picked = torch.full((n,), -1, dtype=torch.int32)
+        picked[first:] = model.get_output_embeddings()(states[first:]).argmax(-1).to(torch.int32).cpu()
+        result.append((kept.to(torch.bfloat16).cpu(), picked))  # [T, F], [T]
+    return result
 
 
 def load_features(folder: Path) -> list[dict[str, torch.Tensor]]:
