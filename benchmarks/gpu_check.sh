@@ -50,16 +50,13 @@ if ((dry)); then
   exit $status
 fi
 
-"$python" benchmarks/gpu_stage.py receive .gpu-stage "$stage"
+source benchmarks/stage_ready.sh
+stage_ready
 case $? in
   0) ;;
   3) exit 0 ;;  # more parts to come: the message above names the next
   *) exit 1 ;;
 esac
-if [[ ! -d "$stage/site" ]]; then
-  "$python" -m pip install -q --no-index --no-deps --no-compile --target "$stage/site" "$stage"/files/wheels/*.whl || exit 1
-fi
-export PYTHONPATH="$stage/site:$PWD"
 gguf=$(ls "$stage"/files/*.gguf | head -1)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$out/check.log"
 # (a) The CUDA tests: every device-parametrized test on cuda (two of the sampling ones: 2,000 runs

