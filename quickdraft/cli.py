@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--window", type=int, default=256, help="eagle: longest stretch of a sequence per step")
     train.add_argument("--vocab", type=int, default=8192, help="draft vocabulary: most frequent response tokens")
     train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                       help="a training step's arithmetic: bf16 autocast (fp32 weights) or fp32; auto: the "
+                            "faster here, timed on the run's own batches once per machine")
     train.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
                        help="learning rate over the steps: constant, or cosine (warm-up, then down to a tenth)")
     train.add_argument("--max-examples", type=int, nargs="+", metavar="N",
@@ -319,7 +322,8 @@ def _train(args: argparse.Namespace) -> int:
     _set_threads(args.threads)
     settings = TrainSettings(steps=args.steps, positions=args.positions, sequences=args.sequences,
                              window=args.window, lr=args.lr, vocab=args.vocab, unroll=args.unroll,
-                             context=args.context, schedule=args.schedule, device=str(resolve_device(args.device)))
+                             context=args.context, schedule=args.schedule, device=str(resolve_device(args.device)),
+                             precision=args.precision)
     for flag in ("steps", "positions", "sequences", "window", "vocab", "heads", "unroll"):
         if getattr(args, flag) < 1:
             raise QuickdraftError(f"--{flag} must be >= 1, got {getattr(args, flag)}")

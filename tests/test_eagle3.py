@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from quickdraft.heads.data import Example
 from quickdraft.heads.eagle import EagleConfig
 from quickdraft.heads.eagle3 import Eagle3Config, Eagle3Head, feature_layers
 from quickdraft.heads.features import encode_example, extract_features, load_features
+from quickdraft.heads.precision import PRECISIONS
 from quickdraft.heads.train import TrainSettings, load_eagle
 from quickdraft.heads.train_eagle3 import train_eagle3, unroll_mask, unrolled_states
 from test_heads import IdTokenizer
@@ -95,14 +97,17 @@ def fused(tiny_target, tmp_path_factory):
     return shards, config
 
 
-def test_training_improves_held_out_top1_at_every_depth_and_saves(tiny_target, fused, tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_training_improves_held_out_top1_at_every_depth_and_saves(tiny_target, fused, tmp_path, precision):
     shards, config = fused
     tables = (tiny_target.lm_head.weight.detach(), tiny_target.model.norm.weight.detach(),
               tiny_target.model.embed_tokens.weight.detach())
     fresh = train_eagle3(shards, *tables, config, tmp_path / "fresh", TrainSettings(steps=1, lr=0.0, unroll=3),
                          "tiny", progress=False)
-    settings = TrainSettings(steps=80, sequences=4, window=64, lr=3e-3, unroll=3, eval_every=40, checkpoint_every=40)
+    settings = TrainSettings(steps=80, sequences=4, window=64, lr=3e-3, unroll=3, eval_every=40, checkpoint_every=40,
+                             precision=precision)
     result = train_eagle3(shards, *tables, config, tmp_path / "eagle3", settings, "tiny", progress=False)
+    assert result["settings"]["precision"] == precision
     assert len(result["held_out_top1"]) == 3  # one per unrolled step: depth 1, 2, 3 guesses
     for before, after in zip(fresh["held_out_top1"], result["held_out_top1"]):
         assert after > max(0.6, before + 0.2)
@@ -121,6 +126,23 @@ def test_training_improves_held_out_top1_at_every_depth_and_saves(tiny_target, f
     # Resuming at the last step trains nothing more and saves the same head.
     again = train_eagle3(shards, *tables, config, tmp_path / "eagle3", settings, "tiny", progress=False)
     assert again["steps"] == 80 and again["held_out_top1"] == result["held_out_top1"]
+
+
+def test_auto_precision_is_measured_once_per_run_folder_and_recorded(tiny_target, fused, tmp_path):
+    shards, config = fused
+    tables = (tiny_target.lm_head.weight.detach(), tiny_target.model.norm.weight.detach(),
+              tiny_target.model.embed_tokens.weight.detach())
+    settings = TrainSettings(steps=2, sequences=2, window=32, unroll=2)  # precision "auto"
+    result = train_eagle3(shards, *tables, config, tmp_path, settings, "tiny", progress=False)
+    assert result["settings"]["precision"] in PRECISIONS
+    measured = [json.loads(path.read_text()) for path in tmp_path.glob("*.json") if path.name != "config.json"]
+    assert len(measured) == 1 and measured[0]["choice"] == result["settings"]["precision"]
+    again = train_eagle3(shards, *tables, config, tmp_path, replace(settings, steps=4), "tiny", progress=False)
+    assert again["steps"] == 4 and again["settings"]["precision"] == result["settings"]["precision"]
+    assert len(list(tmp_path.glob("*.json"))) == 2  # resumed with more steps: the measurement was reused
+    with pytest.raises(ValueError, match="training precision"):
+        train_eagle3(shards, *tables, config, tmp_path / "bad", replace(settings, precision="fp16"), "tiny",
+                     progress=False)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

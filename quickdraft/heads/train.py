@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -18,6 +18,7 @@ from tqdm import tqdm
 from quickdraft.heads.eagle import EagleConfig, EagleHead, eagle_loss
 from quickdraft.heads.eagle3 import Eagle3Config, Eagle3Head
 from quickdraft.heads.medusa import MedusaHeads, medusa_loss
+from quickdraft.heads.precision import autocast, training_precision
 from quickdraft.heads.vocab import coverage, draft_vocabulary, vocabulary_index
 
 HEADS_FILE, CONFIG_FILE, CHECKPOINT_FILE = "heads.safetensors", "config.json", "checkpoint.pt"
@@ -41,6 +42,7 @@ class TrainSettings:
     held_out: float = 0.05  # share of examples never trained on (chosen at random by the seed)
     seed: int = 0
     device: str = "cpu"  # where the head trains (batches are drawn on the CPU, then moved)
+    precision: str = "auto"  # a step's arithmetic: "fp32", "bf16" (autocast) or "auto" (the faster, measured)
 
 
 def to_device(batch: dict[str, torch.Tensor], device: str) -> dict[str, torch.Tensor]:
@@ -149,9 +151,9 @@ def learning_rate(step: int, settings: TrainSettings) -> float:
 
 def optimise(model: nn.Module, step_loss: Callable[[torch.Generator], torch.Tensor],
              evaluate: Callable[[], torch.Tensor], folder: Path, settings: TrainSettings, desc: str,
-             progress: bool) -> tuple[float, torch.Tensor, int]:
+             progress: bool) -> tuple[float, torch.Tensor, int, TrainSettings]:
     """AdamW on step_loss until settings.steps, resuming from folder's checkpoint; returns the last
-    loss, the held-out top-1 accuracy and the step count."""
+    loss, the held-out top-1 accuracy, the step count and the settings with the precision used."""
     generator = torch.Generator().manual_seed(settings.seed)  # draws batches on the CPU, wherever the head is
     model.to(settings.device)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.lr)
@@ -162,13 +164,16 @@ def optimise(model: nn.Module, step_loss: Callable[[torch.Generator], torch.Tens
         optimizer.load_state_dict(state["optimizer"])
         generator.set_state(state["generator"].cpu())
         step = state["step"]
-    bar = tqdm(total=settings.steps, initial=step, desc=desc, unit="step", disable=not progress)
+    timed = {k: v for k, v in asdict(settings).items() if k not in ("steps", "lr", "precision")}  # what costs time
+    precision = training_precision(model, step_loss, folder, timed, settings.device, settings.precision)
+    bar = tqdm(total=settings.steps, initial=step, desc=f"{desc} ({precision})", unit="step", disable=not progress)
     loss = float("nan")
     accuracy = evaluate()
     while step < settings.steps:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, settings)
-        value = step_loss(generator)
+        with autocast(settings.device, precision):
+            value = step_loss(generator)
         optimizer.zero_grad()
         value.backward()
         optimizer.step()
@@ -188,7 +193,7 @@ def optimise(model: nn.Module, step_loss: Callable[[torch.Generator], torch.Tens
                         "generator": generator.get_state(), "step": step}, staging)
             staging.rename(checkpoint)
     bar.close()
-    return loss, accuracy, step
+    return loss, accuracy, step, replace(settings, precision=precision)
 
 
 def held_out(examples: int, settings: TrainSettings) -> torch.Tensor:
@@ -227,7 +232,7 @@ def train_medusa(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, h
     def evaluate() -> torch.Tensor:
         return run(eval_index)[1]
 
-    loss, accuracy, step = optimise(model, step_loss, evaluate, folder, settings, "train medusa", progress)
+    loss, accuracy, step, settings = optimise(model, step_loss, evaluate, folder, settings, "train medusa", progress)
     extra = {"heads": heads}
     return save_head(model, folder, "medusa", target_name, extra, lm_head, vocab, shards, step, accuracy, loss,
                      settings)
@@ -264,7 +269,7 @@ def train_eagle(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, em
     def evaluate() -> torch.Tensor:  # held-out response positions: what drafting sees
         return run(eval_batch, "response")[1].reshape(1)
 
-    loss, accuracy, step = optimise(model, step_loss, evaluate, folder, settings, "train eagle", progress)
+    loss, accuracy, step, settings = optimise(model, step_loss, evaluate, folder, settings, "train eagle", progress)
     return save_head(model, folder, "eagle", target_name, {"layer": config.to_dict()}, lm_head, vocab, shards,
                      step, accuracy, loss, settings)
 

@@ -113,6 +113,6 @@ def train_eagle3(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, n
     def evaluate() -> torch.Tensor:  # held-out response positions: what drafting sees
         return unrolled_loss(head, to_device(eval_batch, settings.device), settings.unroll, "response")[1]
 
-    loss, accuracy, step = optimise(head, step_loss, evaluate, folder, settings, "train eagle-3", progress)
+    loss, accuracy, step, settings = optimise(head, step_loss, evaluate, folder, settings, "train eagle-3", progress)
     return save_head(head, folder, "eagle", target_name, {"layer": config.to_dict()}, lm_head, vocab, shards,
                      step, accuracy, loss, settings)
