@@ -18,8 +18,9 @@ from quickdraft.heads.eagle import EagleConfig
 from quickdraft.heads.eagle3 import Eagle3Config, Eagle3Head, feature_layers
 from quickdraft.heads.features import encode_example, extract_features, load_features
 from quickdraft.heads.precision import PRECISIONS
-from quickdraft.heads.train import TrainSettings, load_eagle
+from quickdraft.heads.train import TrainSettings, load_eagle, training_vocabulary
 from quickdraft.heads.train_eagle3 import train_eagle3, unroll_mask, unrolled_states
+from quickdraft.heads.vocab import coverage, draft_vocabulary
 from test_heads import IdTokenizer
 
 H, V = 32, 50
@@ -143,6 +144,23 @@ def test_auto_precision_is_measured_once_per_run_folder_and_recorded(tiny_target
     with pytest.raises(ValueError, match="training precision"):
         train_eagle3(shards, *tables, config, tmp_path / "bad", replace(settings, precision="fp16"), "tiny",
                      progress=False)
+
+
+def test_a_run_resumed_on_other_data_keeps_the_vocabulary_its_head_learned(tiny_target, fused, tmp_path):
+    shards, config = fused
+    tables = (tiny_target.lm_head.weight.detach(), tiny_target.model.norm.weight.detach(),
+              tiny_target.model.embed_tokens.weight.detach())
+    settings = TrainSettings(steps=2, sequences=2, window=32, unroll=2, vocab=6, precision="fp32")
+    train_eagle3(shards, *tables, config, tmp_path, settings, "tiny", progress=False)
+    first = load_eagle(tmp_path, tables[0], tables[2])
+    full = tables[0].shape[0]
+    grown = [{**shard, "tokens": (shard["tokens"] + 7) % full} for shard in shards]  # other text, other vocabulary
+    assert not torch.equal(draft_vocabulary(grown, 6, full), first.vocab)
+    assert torch.equal(training_vocabulary(grown, settings, full, tmp_path), first.vocab)
+    again = train_eagle3(grown, *tables, config, tmp_path, replace(settings, steps=4), "tiny", progress=False)
+    resumed = load_eagle(tmp_path, tables[0], tables[2])
+    assert torch.equal(resumed.vocab, first.vocab)  # its LM head rows still mean the tokens they learned
+    assert again["draft_vocab_coverage"] == round(coverage(grown, first.vocab, full), 4)  # and labels used it
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

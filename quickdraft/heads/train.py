@@ -196,6 +196,16 @@ def optimise(model: nn.Module, step_loss: Callable[[torch.Generator], torch.Tens
     return loss, accuracy, step, replace(settings, precision=precision)
 
 
+def training_vocabulary(shards: list[dict[str, torch.Tensor]], settings: TrainSettings, full: int,
+                        folder: Path) -> torch.Tensor:
+    """[V'] the draft vocabulary: a resumed run's own (its head's LM head rows follow it, whatever
+    data the run now reads), else the data's most frequent response tokens."""
+    checkpoint = folder / CHECKPOINT_FILE
+    if checkpoint.is_file():
+        return torch.load(checkpoint, map_location="cpu")["model"]["vocab"]
+    return draft_vocabulary(shards, settings.vocab, full)
+
+
 def held_out(examples: int, settings: TrainSettings) -> torch.Tensor:
     """[examples] bool: a random share (at least one) never trained on, the same for every run."""
     chosen = torch.randperm(examples, generator=torch.Generator().manual_seed(settings.seed))
@@ -210,7 +220,7 @@ def train_medusa(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, h
     Returns the config: held-out top-1 accuracy per head, the loss, the draft vocabulary's coverage."""
     folder.mkdir(parents=True, exist_ok=True)
     full = lm_head.shape[0]
-    vocab = draft_vocabulary(shards, settings.vocab, full)
+    vocab = training_vocabulary(shards, settings, full, folder)
     index = vocabulary_index(vocab, full)
     data = medusa_positions(shards, heads)
     data.targets = torch.where(data.targets >= 0, index[data.targets.clamp(min=0)], torch.tensor(-2))
@@ -245,7 +255,7 @@ def train_eagle(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, em
     Returns the config with the held-out top-1 accuracy of its first draft token (teacher-forced)."""
     folder.mkdir(parents=True, exist_ok=True)
     full = lm_head.shape[0]
-    vocab = draft_vocabulary(shards, settings.vocab, full)
+    vocab = training_vocabulary(shards, settings, full, folder)
     index = vocabulary_index(vocab, full)
     data = eagle_sequences(shards)
     held = held_out(len(data.tokens), settings)

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from quickdraft.heads.eagle3 import Eagle3Config, Eagle3Head
 from quickdraft.heads.train import (Sequences, TrainSettings, eagle_batch, eagle_sequences, held_out, optimise,
-                                    save_head, to_device)
-from quickdraft.heads.vocab import draft_vocabulary, vocabulary_index
+                                    save_head, to_device, training_vocabulary)
+from quickdraft.heads.vocab import vocabulary_index
 
 
 def unroll_mask(t: int, step: int) -> torch.Tensor:
@@ -94,7 +94,7 @@ def train_eagle3(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, n
     with the held-out top-1 accuracy per unrolled step (its depth-1, 2, ... guesses)."""
     folder.mkdir(parents=True, exist_ok=True)
     full = lm_head.shape[0]
-    vocab = draft_vocabulary(shards, settings.vocab, full)
+    vocab = training_vocabulary(shards, settings, full, folder)
     index = vocabulary_index(vocab, full)
     data = crop_prompts(eagle_sequences(shards), settings.context)
     held = held_out(len(data.tokens), settings)
