@@ -14,7 +14,7 @@ from quickdraft.heads.command import distilled
 from quickdraft.heads.distill import answers_file, read_answers, regenerate
 from quickdraft.heads.features import extract_features, feature_batches, load_features
 from quickdraft.heads.medusa import MedusaHeads, medusa_loss
-from quickdraft.heads.train import (TrainSettings, eagle_batch, eagle_sequences, load_eagle, load_medusa,
+from quickdraft.heads.train import (TrainSettings, eagle_batch, eagle_sequences, held_out, load_eagle, load_medusa,
                                     medusa_positions, train_eagle, train_medusa)
 from quickdraft.heads.vocab import coverage, draft_vocabulary, vocabulary_index
 from quickdraft.models.loading import LoadedModel
@@ -63,6 +63,23 @@ def test_eagle_batch_pairs_each_state_with_the_next_token():
     assert batch["targets"][0, :, 0].tolist() == [1, 2, 3, 4, 5]  # f_{j+1}
     assert batch["labels"][0].tolist() == [12, 13, 14, 15, 16]  # the target's choice after j + 1
     assert batch["weight"][0].all()
+
+
+def test_held_out_examples_stay_held_out_when_the_data_grows():
+    generator = torch.Generator().manual_seed(4)
+
+    def shard(examples: int) -> dict[str, torch.Tensor]:
+        lengths = torch.randint(3, 9, (examples,), generator=generator)
+        return {"tokens": torch.randint(50, (int(lengths.sum()),), generator=generator, dtype=torch.int32),
+                "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])}
+
+    old, new = shard(400), shard(200)
+    first = held_out([old], TrainSettings())
+    assert 8 <= int(first.sum()) <= 40  # about 5%
+    grown = held_out([new, old], TrainSettings())  # examples added before and after keep every choice
+    assert torch.equal(grown[200:], first) and torch.equal(held_out([old, new], TrainSettings())[:400], first)
+    assert not torch.equal(held_out([old], TrainSettings(seed=1)), first)
+    assert held_out([shard(1)], TrainSettings()).tolist() == [True]  # at least one
 
 
 class IdTokenizer:

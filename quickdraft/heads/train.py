@@ -4,6 +4,7 @@ heads are saved as safetensors with a small config naming the target."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Callable
@@ -206,12 +207,17 @@ def training_vocabulary(shards: list[dict[str, torch.Tensor]], settings: TrainSe
     return draft_vocabulary(shards, settings.vocab, full)
 
 
-def held_out(examples: int, settings: TrainSettings) -> torch.Tensor:
-    """[examples] bool: a random share (at least one) never trained on, the same for every run."""
-    chosen = torch.randperm(examples, generator=torch.Generator().manual_seed(settings.seed))
-    mask = torch.zeros(examples, dtype=torch.bool)
-    mask[chosen[: max(1, int(examples * settings.held_out))]] = True
-    return mask
+def held_out(shards: list[dict[str, torch.Tensor]], settings: TrainSettings) -> torch.Tensor:
+    """[examples] bool, in the shards' order: the examples never trained on, a share chosen by each
+    example's own tokens (and the seed), so data grown later keeps them held out (at least one)."""
+    draws = []
+    for shard in shards:
+        offsets = shard["offsets"].tolist()
+        for first, end in zip(offsets, offsets[1:]):
+            text = shard["tokens"][first:end].numpy().tobytes() + str(settings.seed).encode()
+            draws.append(int(hashlib.sha256(text).hexdigest()[:12], 16) / 16**12)  # uniform in [0, 1)
+    draws = torch.tensor(draws, dtype=torch.float64)
+    return (draws < settings.held_out) | (draws == draws.min())
 
 
 def train_medusa(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, heads: int, folder: Path,
@@ -224,7 +230,7 @@ def train_medusa(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, h
     index = vocabulary_index(vocab, full)
     data = medusa_positions(shards, heads)
     data.targets = torch.where(data.targets >= 0, index[data.targets.clamp(min=0)], torch.tensor(-2))
-    held = held_out(int(data.example.max()) + 1, settings)[data.example]
+    held = held_out(shards, settings)[data.example]
     train_index, eval_index = (~held).nonzero()[:, 0], held.nonzero()[:, 0]
     eval_index = eval_index[data.response[eval_index]]  # held-out response positions: what drafting sees
     eval_index = eval_index[torch.randperm(len(eval_index), generator=torch.Generator().manual_seed(0))[:2048]]
@@ -258,7 +264,7 @@ def train_eagle(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, em
     vocab = training_vocabulary(shards, settings, full, folder)
     index = vocabulary_index(vocab, full)
     data = eagle_sequences(shards)
-    held = held_out(len(data.tokens), settings)
+    held = held_out(shards, settings)
     train_ids, eval_ids = (~held).nonzero()[:, 0], held.nonzero()[:, 0]
     config = EagleConfig.from_target(target_config)
     model = EagleHead(config, embed, lm_head, vocab)

@@ -97,7 +97,7 @@ def train_eagle3(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, n
     vocab = training_vocabulary(shards, settings, full, folder)
     index = vocabulary_index(vocab, full)
     data = crop_prompts(eagle_sequences(shards), settings.context)
-    held = held_out(len(data.tokens), settings)
+    held = held_out(shards, settings)
     train_ids, eval_ids = (~held).nonzero()[:, 0], held.nonzero()[:, 0]
     head = Eagle3Head(config, embed, vocab, lm_head, norm)
     start_from_target(head)
