@@ -6,6 +6,7 @@ the run's folder."""
 from __future__ import annotations
 
 import statistics
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -55,7 +56,11 @@ def training_precision(model: nn.Module, step_loss: Callable[[torch.Generator], 
             for precision in PRECISIONS:  # interleaved: drift hits both alike
                 costs[precision].append(wall_ms(lambda: run(precision)))
         model.zero_grad(set_to_none=True)
-        return min(PRECISIONS, key=lambda precision: statistics.median(costs[precision]))
+        medians = {precision: statistics.median(times) for precision, times in costs.items()}
+        faster = min(PRECISIONS, key=medians.__getitem__)
+        print("quickdraft: a training step here: " + ", ".join(f"{p} {ms:,.0f} ms" for p, ms in medians.items())
+              + f" (median of {TIMED_STEPS}): {faster}", file=sys.stderr)
+        return faster
 
     signature = {"training": "precision", "device": device, "parameters": shapes, "settings": settings}
     return str(cached_choice(folder, signature, measure))
