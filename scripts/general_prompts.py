@@ -7,7 +7,8 @@ Nothing here comes from an evaluation set: German sentences are built from a sma
 written for this script; passages are responses from the GPTeacher roleplay training split.
 
     python scripts/general_prompts.py --output data/general-prompts.jsonl
-    python scripts/general_prompts.py --kind open --count 3200 --output data/open-prompts.jsonl
+    python scripts/general_prompts.py --kind open --count 4400 --output data/open-prompts.jsonl
+    (a larger --count keeps the smaller one's prompts first, in order: 3,200 made the earlier file)
 """
 
 from __future__ import annotations
