@@ -18,7 +18,6 @@ from quickdraft.heads.data import Example
 
 Sequence = tuple[list[int], int]  # token ids of a conversation, and where its response starts
 SHARD_EXAMPLES = 64  # examples per shard file on average: a crash loses at most one shard
-FEATURE_BATCH_TOKENS = 4096  # padded tokens a batched pass of the target at most
 
 
 def encode_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_tokens: int) -> Sequence:
@@ -67,7 +66,7 @@ def feature_batches(lengths: list[int], budget: int) -> list[list[int]]:
 @torch.inference_mode()
 def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: Path,
                      progress: bool = True, layers: tuple[int, ...] = (), shard_examples: int = SHARD_EXAMPLES,
-                     batch_tokens: int = FEATURE_BATCH_TOKENS) -> Path:
+                     batch_tokens: int = 1) -> Path:
     """Write shards features-<digest>.safetensors (tokens int32 [N], hidden bf16 [N, H] or, with
     `layers`, the inputs of those target layers side by side [N, len(layers) H] (EAGLE-3's
     features), choice int32 [N]: the target's argmax after each position (with `layers`, -1 in
@@ -76,7 +75,8 @@ def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: 
     named by its examples and layers: one already there is kept (resuming an interrupted run, or
     reusing the examples a run shares with an earlier one). shard_examples: examples a shard on
     average. A shard's examples run through the target in right-padded batches of at most
-    `batch_tokens` tokens (on a GPU one example a pass would be bound by kernel launches)."""
+    `batch_tokens` tokens (1: one example a pass, the faster on a CPU; on a GPU one example a
+    pass is bound by kernel launches)."""
     folder.mkdir(parents=True, exist_ok=True)
     suffix = f"-layers-{'-'.join(map(str, layers))}" if layers else ""
     bar = tqdm(total=len(sequences), desc="features", unit="example", disable=not progress)

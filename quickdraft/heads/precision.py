@@ -25,7 +25,7 @@ TIMED_STEPS = 3  # per precision, interleaved, after one warm-up each
 def autocast(device: str, precision: str) -> Iterator[None]:
     """Run the enclosed forward pass in `precision` on `device`."""
     with warnings.catch_warnings():
-        # bf16 activations meet fp32 norm weights: torch says it takes its unfused path, which is exact.
+        # bf16 activations meet fp32 norm weights: torch warns that it uses its unfused kernel there.
         warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             yield

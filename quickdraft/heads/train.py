@@ -40,7 +40,7 @@ class TrainSettings:
     schedule: str = "constant"  # learning rate: "constant", or "cosine" (warm-up, then down to a tenth)
     eval_every: int = 100
     checkpoint_every: int = 200
-    held_out: float = 0.05  # share of examples never trained on (chosen at random by the seed)
+    held_out: float = 0.05  # share of examples never trained on (chosen by their digest and the seed)
     seed: int = 0
     device: str = "cpu"  # where the head trains (batches are drawn on the CPU, then moved)
     precision: str = "auto"  # a step's arithmetic: "fp32", "bf16" (autocast) or "auto" (the faster, measured)
