@@ -27,14 +27,16 @@ def train_heads(model, folder, vocab):
     shards = load_features(extract_features(model, sequences, folder / "features", progress=False))
     lm_head, embed = model.lm_head.weight.detach(), model.model.embed_tokens.weight.detach()
     # A draft vocabulary of 24 tokens: smaller than the 32 of the tiny target, not than the 8 of the small one.
-    train_medusa(shards, lm_head, 3, folder / "medusa", TrainSettings(steps=150, lr=3e-3, vocab=24), "t",
-                 progress=False)
-    settings = TrainSettings(steps=150, sequences=8, window=64, lr=3e-3, vocab=24)
+    # fp32, not "auto": the same heads on every machine, whichever precision it measures faster.
+    train_medusa(shards, lm_head, 3, folder / "medusa", TrainSettings(steps=150, lr=3e-3, vocab=24, precision="fp32"),
+                 "t", progress=False)
+    settings = TrainSettings(steps=200, sequences=8, window=64, lr=3e-3, vocab=24, precision="fp32")
     train_eagle(shards, lm_head, embed, model.config, folder / "eagle", settings, "t", progress=False)
     config = Eagle3Config.from_target(model.config)
     fused = load_features(extract_features(model, sequences, folder / "fused", progress=False, layers=config.features))
     train_eagle3(fused, lm_head, model.model.norm.weight.detach(), embed, config, folder / "eagle3",
-                 TrainSettings(steps=150, sequences=8, window=64, lr=3e-3, vocab=24, unroll=3), "t", progress=False)
+                 TrainSettings(steps=150, sequences=8, window=64, lr=3e-3, vocab=24, unroll=3, precision="fp32"), "t",
+                 progress=False)
     return folder
 
 

@@ -171,7 +171,7 @@ def test_a_fresh_head_is_the_targets_own_next_token_head():
 def test_medusa_training_lowers_the_loss_resumes_and_saves(tiny_target, tiny_shards, tmp_path):
     assert tiny_shards[0]["hidden"].shape[1] == tiny_target.config.hidden_size
     lm_head = tiny_target.lm_head.weight.detach()
-    settings = TrainSettings(steps=60, positions=128, lr=3e-3, eval_every=20, checkpoint_every=30)
+    settings = TrainSettings(steps=60, positions=128, lr=3e-3, eval_every=20, checkpoint_every=30, precision="fp32")
     before = MedusaHeads(lm_head, 2)
     data = medusa_positions(tiny_shards, 2)
     first_loss = medusa_loss(before(data.hidden[data.rows].float()), data.targets)[0].item()
@@ -190,7 +190,8 @@ def test_medusa_training_lowers_the_loss_resumes_and_saves(tiny_target, tiny_sha
 
 def test_eagle_training_lowers_the_loss_and_saves(tiny_target, tiny_shards, tmp_path):
     lm_head, embed = tiny_target.lm_head.weight.detach(), tiny_target.model.embed_tokens.weight.detach()
-    settings = TrainSettings(steps=80, sequences=4, window=64, lr=3e-3, eval_every=40, checkpoint_every=40)
+    settings = TrainSettings(steps=80, sequences=4, window=64, lr=3e-3, eval_every=40, checkpoint_every=40,
+                             precision="fp32")
     fresh = train_eagle(tiny_shards, lm_head, embed, tiny_target.config, tmp_path / "fresh",
                         TrainSettings(steps=1, lr=0.0), "tiny", progress=False)
     result = train_eagle(tiny_shards, lm_head, embed, tiny_target.config, tmp_path / "eagle", settings, "tiny",
