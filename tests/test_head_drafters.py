@@ -87,9 +87,21 @@ def test_head_drafters_on_the_static_backend_greedy_equal_plain(tiny_target, hea
 
 
 def test_eagle_drafts_deeper_than_one_level_get_accepted(tiny_target, heads):
-    out = Decoder(loaded(tiny_target, "t"), None, "eagle", 4, head=str(heads / "eagle")).generate([1, 2, 3], 60)
-    assert max(step.accepted for step in out.steps) >= 2
-    assert out.stats.mean_accepted_tokens > 1.5
+    """Bound by what the test can guarantee on any machine's kernels, not by the trained head's
+    quality: pooled over prompts, the same head drafting four levels deep (lookup off, so every
+    draft is the head's) has steps that accept two or more, and yields more tokens per pass than
+    drafting one level. Greedy output is the same either way, so the comparison is like for like."""
+    prompts = ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [4], [2, 8, 6])
+
+    def pooled(k: int) -> tuple[float, int]:
+        spec = Decoder(loaded(tiny_target, "t"), None, "eagle", k, head=str(heads / "eagle"), lookup=False)
+        outs = [spec.generate(prompt, 60) for prompt in prompts]
+        per_pass = sum(out.stats.new_tokens for out in outs) / sum(out.stats.target_passes for out in outs)
+        return per_pass, max(step.accepted for out in outs for step in out.steps)
+
+    (deep, deepest), (shallow, _) = pooled(4), pooled(1)
+    assert deepest >= 2
+    assert deep > shallow, (deep, shallow)
 
 
 def test_head_drafters_through_the_transformers_backend(tiny_target, heads):
