@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,9 +15,11 @@ from quickdraft.backends.select import (
     GGUF,
     LLAMA_CPP,
     STATIC,
+    backend_reason,
     check_precision,
     default_precision,
     make_backend,
+    observe_passes,
     resolve_device,
     resolve_kind,
     shapes_folder,
@@ -94,8 +97,11 @@ class Decoder:
         if config.precision is not None:
             check_precision(config.precision, config.backend)
         # The backend that runs the target: "llama.cpp", "static", "native" or "hf" (auto resolved here).
+        inner = reads_inner_layers(target, config)
         self.backend_kind = resolve_kind(target, config.backend, config.precision, self.device, measure_shapes,
-                                         cache_dir, reads_inner_layers(target, config))
+                                         cache_dir, inner)
+        self.backend_reason = backend_reason(target, config.backend, config.precision, self.device,
+                                             self.backend_kind, inner)
         self.precision = GGUF if self.backend_kind == LLAMA_CPP else config.precision or default_precision(self.device)
         check_precision(self.precision, self.backend_kind)
         self._cache_dir, self._measure = cache_dir, measure_shapes
@@ -253,6 +259,11 @@ class Decoder:
     def finish(self, generation: Generation) -> GenerationOutput:
         """Package a finished Generation: its text ends before a stop string."""
         new_ids = generation.new_tokens
+        plain = [step.verify_time for step in generation.steps if not step.draft_tokens]
+        if self.config.backend == "auto" and observe_passes(self.target, self.device, self._cache_dir, plain):
+            print(f"quickdraft: this run's one-token passes came clearly faster than when auto chose the "
+                  f"{self.backend_kind} backend for {self.target.name} here; that choice is dropped and the next load "
+                  f"times the backends again", file=sys.stderr)
         text = generation.text.finish() if generation.text is not None else self.decode(new_ids)
         return GenerationOutput(text, new_ids, generation.tokens[: generation.prompt_length],
                                 generation.stats, generation.steps)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from quickdraft.backends.base import Backend
+from quickdraft.backends.choice import BackendChoice, Timings, cached_backend_choice, observe, time_pairs
 from quickdraft.backends.hf import HFBackend
 from quickdraft.backends.llama_cpp import LlamaCppBackend, llama_cpp_installed
 from quickdraft.backends.native import NativeBackend
@@ -95,8 +98,8 @@ def resolve_kind(loaded: LoadedModel, kind: str, precision: str | None, device: 
     """Which backend runs `loaded`: "llama.cpp", "static", "native" or "hf". auto: on a CUDA device,
     static (fixed shapes, CUDA graphs) where the architecture is supported and the precision dense;
     llama.cpp for a GGUF target when llama-cpp-python is installed, no native precision was asked
-    for, the device is the CPU and a one-token pass measured faster there than on the native backend
-    (measured once per machine and file, cached); else native where the architecture is supported;
+    for, the device is the CPU, unless native measured clearly faster (backends/choice.py: paired
+    one-token passes, once per machine and file, kept); else native where the architecture is supported;
     else hf. inner_layers: the method reads inner layers' states (EAGLE-3), which llama.cpp does
     not return: auto passes it by, and asking for it is refused."""
     check_backend_kind(kind)
@@ -120,10 +123,35 @@ def resolve_kind(loaded: LoadedModel, kind: str, precision: str | None, device: 
             and llama_cpp_installed() and not inner_layers):
         key = ("auto", str(device))
         if key not in loaded.backends:
-            loaded.backends[key] = _llama_cpp_faster(loaded, device, cache_dir)
-        if loaded.backends[key]:
+            loaded.backends[key] = _choose_llama_cpp(loaded, device, cache_dir)
+        if loaded.backends[key].llama_cpp:
             return LLAMA_CPP
     return "native" if uses_native(loaded, kind, precision or default_precision(device)) else "hf"
+
+
+def backend_reason(loaded: LoadedModel, kind: str, precision: str | None, device: str | torch.device,
+                   chosen: str, inner_layers: bool = False) -> str:
+    """Why `chosen` runs `loaded` (for --verbose): asked for, or what auto saw."""
+    if kind != "auto":
+        return f"{chosen}: asked for (backend={kind})"
+    choice = auto_choice(loaded, device)
+    if choice is not None:
+        return choice.reason
+    if chosen == STATIC:
+        return "static: a CUDA device and an architecture and precision it supports"
+    if loaded.gguf is None:
+        why = "not a GGUF file"
+    elif precision is not None:
+        why = f"precision {precision} asked for"
+    elif resolve_device(device).type != "cpu":
+        why = "llama.cpp runs on the CPU only"
+    elif not llama_cpp_installed():
+        why = "llama-cpp-python is not installed"
+    elif inner_layers:
+        why = "the EAGLE-3 head reads inner layers, which llama.cpp does not return"
+    else:
+        why = "backend timing is off (measure_shapes=False)"
+    return f"{chosen}: {why}" + ("" if chosen == "native" else "; the native backend does not support it")
 
 
 def static_supports(model) -> bool:
@@ -131,17 +159,42 @@ def static_supports(model) -> bool:
     return supports(model) and model.config.model_type != GEMMA3
 
 
-def _llama_cpp_faster(loaded: LoadedModel, device: torch.device, cache_dir: str | os.PathLike | None) -> bool:
-    """Whether llama.cpp's one-token pass beats the native backend's at its default precision here."""
-    folder = shapes_folder(cache_dir)
+def choice_signature(gguf: Path, precision: str) -> dict:
+    """What auto's llama.cpp-or-native verdict is kept under (with the machine): the file and precision."""
+    return {"choice": "llama.cpp or native (paired one-token passes)", "file": file_key(gguf), "precision": precision}
 
-    def compare() -> bool:
-        fast = make_backend(loaded, LLAMA_CPP, GGUF, str(device), cache_dir=cache_dir).pass_ms[1]
-        native = make_backend(loaded, "auto", default_precision(device), str(device), cache_dir=cache_dir)
-        return fast < measure_pass_costs(native, folder)[1]
 
-    return cached_choice(folder, {"choice": "llama.cpp over native", "file": file_key(loaded.gguf),
-                                  "precision": default_precision(device)}, compare)
+def _choose_llama_cpp(loaded: LoadedModel, device: torch.device, cache_dir: str | os.PathLike | None,
+                      measure: Callable[[], Timings] | None = None) -> BackendChoice:
+    """auto's verdict for a GGUF target (backends/choice.py): kept per machine and file. measure:
+    the paired timings (default: llama.cpp's backend against a native one made for the timing
+    alone, with its plain kernels and no timed shapes, dropped afterwards)."""
+    precision = default_precision(device)
+
+    def paired() -> Timings:
+        fast = make_backend(loaded, LLAMA_CPP, GGUF, str(device), cache_dir=cache_dir)
+        weights = NativeWeights.from_model(loaded.model, precision, device=device)
+        native = NativeBackend(weights, loaded.name, loaded.tokenizer, loaded.eos_ids)
+        print("quickdraft: timing llama.cpp against the native backend (once per machine and file)", file=sys.stderr)
+        return time_pairs(fast, native, torch.get_num_threads())
+
+    return cached_backend_choice(shapes_folder(cache_dir), choice_signature(loaded.gguf, precision),
+                                 measure or paired, precision)
+
+
+def auto_choice(loaded: LoadedModel, device: str | torch.device) -> BackendChoice | None:
+    """The verdict auto made for `loaded` on `device` in this process (None: it made none)."""
+    return loaded.backends.get(("auto", str(resolve_device(device))))
+
+
+def observe_passes(loaded: LoadedModel, device: str | torch.device, cache_dir: str | os.PathLike | None,
+                   one_token_seconds: list[float]) -> bool:
+    """After a run on auto's choice: drop the kept verdict if the run contradicts it (see choice.observe)."""
+    choice = auto_choice(loaded, device)
+    if choice is None or loaded.gguf is None:
+        return False
+    signature = choice_signature(loaded.gguf, default_precision(resolve_device(device)))
+    return observe(shapes_folder(cache_dir), signature, choice, one_token_seconds)
 
 
 def uses_native(loaded: LoadedModel, kind: str, precision: str | None = None) -> bool:
@@ -259,5 +312,5 @@ def native_weights(loaded: LoadedModel, precision: str, device: torch.device,
 
 
 __all__ = ["BACKENDS", "DEVICES", "GGUF", "LLAMA_CPP", "PRECISIONS", "STATIC", "check_backend_kind", "check_precision",
-           "default_precision", "make_backend", "native_weights", "resolve_device", "resolve_kind", "static_supports",
+           "auto_choice", "backend_reason", "choice_signature", "default_precision", "make_backend", "observe_passes", "native_weights", "resolve_device", "resolve_kind", "static_supports",
            "uses_native"]

@@ -45,22 +45,51 @@ def machine_key() -> str:
     return f"{cpu}|torch {torch.__version__}|threads {torch.get_num_threads()}"
 
 
-def cached_choice(folder: Path | None, signature: dict, measure: Callable[[], Any]) -> Any:
-    """measure() once per machine and signature; later loads read the JSON file it left."""
+def _choice_path(folder: Path | None, signature: dict) -> tuple[Path | None, str]:
+    """The JSON file that keeps a choice for this machine and signature, and the signature's text."""
     text = json.dumps({"machine": machine_key(), **signature}, sort_keys=True)
     path = None if folder is None else folder / f"{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
+    return path, text
+
+
+def read_choice(folder: Path | None, signature: dict) -> Any:
+    """The choice kept for this machine and signature, or None (none kept, or unreadable)."""
+    path, _ = _choice_path(folder, signature)
     if path is not None and path.is_file():
         try:
             return json.loads(path.read_text())["choice"]
         except (ValueError, KeyError, OSError):
             pass  # unreadable: measure again
-    choice = measure()
+    return None
+
+
+def write_choice(folder: Path | None, signature: dict, choice: Any) -> None:
+    """Keep a choice for this machine and signature (a read-only cache only costs a measurement)."""
+    path, text = _choice_path(folder, signature)
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"signature": json.loads(text), "choice": choice}, indent=1))
         except OSError:
-            pass  # a read-only cache only costs the next load a measurement
+            pass
+
+
+def forget_choice(folder: Path | None, signature: dict) -> bool:
+    """Drop a kept choice, so the next load measures again. True if one was dropped."""
+    path, _ = _choice_path(folder, signature)
+    try:
+        path.unlink()
+        return True
+    except (AttributeError, OSError):
+        return False
+
+
+def cached_choice(folder: Path | None, signature: dict, measure: Callable[[], Any]) -> Any:
+    """measure() once per machine and signature; later loads read the JSON file it left."""
+    choice = read_choice(folder, signature)
+    if choice is None:
+        choice = measure()
+        write_choice(folder, signature, choice)
     return choice
 
 

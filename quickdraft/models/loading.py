@@ -156,7 +156,8 @@ def _convert_gguf(path: Path, target: Path) -> None:
     try:
         config = AutoConfig.from_pretrained(folder, gguf_file=name)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        # config given: transformers would parse the file's metadata once more for it (6 s for SmolLM2's).
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=torch.float32)
     except Exception as error:  # gguf's reader raises many types on a bad file
         raise QuickdraftError(f"could not read GGUF file {path}: {_first_line(error)}") from error
     target.parent.mkdir(parents=True, exist_ok=True)
