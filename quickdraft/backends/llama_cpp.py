@@ -78,6 +78,12 @@ class _Layout:
 # another order than the row-by-row path (and one that depends on where the cells sit): decodes
 # after a sequence's first stay below that.
 ROW_INVARIANT_ROWS = 63
+# Rows of a decode get one-token bits only up to a size that depends on the file's tensor types and
+# this machine's kernels: ggml repacks Q4_K/Q4_0 weights for kernels that take 4 rows at once, and
+# its sgemm path takes Q5_0/Q8_0 rows in blocks (Gemma 3 270M's Q4_K_M file: exact up to 3 rows here,
+# SmolLM2's Q4_1 up to 63). So each file's exact size is measured at load (exact_rows).
+EXACT_GRID = (2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, ROW_INVARIANT_ROWS)
+EXACT_CONTEXTS = (40, 300)  # cached tokens before the checked rows (attention's paths differ by length)
 
 
 class LlamaCppCache:
@@ -199,6 +205,36 @@ class LlamaCppBackend:
         self.precision = "gguf"
         self.pass_ms: dict[int, float] | None = None  # measured by backends/select.py when asked
         self._embeddings = False
+        self.exact_rows = ROW_INVARIANT_ROWS  # the most rows a later decode takes (measure_exact_rows)
+
+    def measure_exact_rows(self) -> int:
+        """The largest decode size in EXACT_GRID up to which every row of a pass equals the same
+        token's row in one-token passes bit for bit, after each of EXACT_CONTEXTS cached tokens
+        (1: none). An exactness check, not a timing: the same on a busy machine as on a quiet one."""
+        generator = torch.Generator().manual_seed(0)
+        top = min(self.vocab_size, 32000)
+        exact = self.exact_rows = ROW_INVARIANT_ROWS  # while checking, passes are single decodes
+        for length in EXACT_CONTEXTS:
+            if length + ROW_INVARIANT_ROWS > self.max_length:
+                continue
+            context = torch.randint(top // 100, top, (length,), generator=generator).tolist()
+            new = torch.randint(top // 100, top, (exact,), generator=generator).tolist()
+            cache = self.new_cache()
+            self.forward([SeqPass(cache, context, logits="none")])
+            one = self._rows_after(cache, length, [[token] for token in new])
+            for size in (n for n in EXACT_GRID if n <= exact):
+                if not torch.equal(self._rows_after(cache, length, [new[:size]]), one[:size]):
+                    exact = max([1] + [n for n in EXACT_GRID if n < size])
+                    break
+            cache.truncate(0)
+        return exact
+
+    def _rows_after(self, cache: LlamaCppCache, length: int, passes: list[list[int]]) -> torch.Tensor:
+        """Logits [tokens, V] of `passes` run one after another after the first `length` entries of
+        `cache`, rolled back there after (its cells stay in position order)."""
+        rows = torch.cat([self.forward([SeqPass(cache, tokens)])[0].logits for tokens in passes])
+        cache.truncate(length)
+        return rows
 
     # -- sequence ids -------------------------------------------------------------------------
 
@@ -310,14 +346,14 @@ class LlamaCppBackend:
     def _run(self, passes: list[SeqPass], layouts: list[_Layout]) -> tuple[list[dict], list[dict]]:
         """Decode every layout: the first pass of each sequence (its prompt, the same pass whatever
         the method) together in one decode that llama.cpp splits as it likes (its fast tiled path
-        for long prompts); every later pass in decodes of at most ROW_INVARIANT_ROWS tokens, where
-        each attention row takes the row-by-row path. Returns, per pass, its logits rows and
+        for long prompts); every later pass in decodes of at most exact_rows tokens, where each
+        row gets the bits a one-token pass gives it. Returns, per pass, its logits rows and
         hidden rows by place in its layout."""
         entries = [(k, i) for k, layout in enumerate(layouts) for i in range(len(layout.tokens))]
         first = [(k, i) for k, i in entries if passes[k].cache.length == 0]
         later = [(k, i) for k, i in entries if passes[k].cache.length > 0]
-        chunks = ([first] if first else []) + [later[j : j + ROW_INVARIANT_ROWS]
-                                                for j in range(0, len(later), ROW_INVARIANT_ROWS)]
+        step = self.exact_rows
+        chunks = ([first] if first else []) + [later[j : j + step] for j in range(0, len(later), step)]
         logits: list[dict] = [{} for _ in passes]
         hidden: list[dict] = [{} for _ in passes]
         try:

@@ -267,6 +267,10 @@ def _llama_cpp_backend(loaded: LoadedModel, device: torch.device, layers: list[i
     key = (LLAMA_CPP, threads)
     if key not in loaded.backends:
         backend = LlamaCppBackend(gguf, loaded.name, loaded.tokenizer, loaded.eos_ids, threads)
+        # Exactness, not speed: checked whatever measure says (seconds, once per machine and file).
+        backend.exact_rows = int(cached_choice(shapes_folder(cache_dir), {"check": "llama.cpp exact rows",
+                                                                          "file": file_key(gguf), "threads": threads},
+                                               backend.measure_exact_rows))
         if measure:
             backend.pass_ms = measure_pass_costs(backend, shapes_folder(cache_dir),
                                                  {"file": file_key(gguf), "threads": threads})
