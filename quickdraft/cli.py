@@ -248,30 +248,16 @@ def _plan(args: argparse.Namespace) -> int:
     print(f"{target.name} on the {backend} backend, {precision if backend != 'llama.cpp' else 'gguf'}, "
           f"{args.device}" + (f", draft {draft.name}" if draft else "") + (f", head {args.head}" if head else ""))
     print("\n".join(report.lines()))
-    gguf = _gguf_of(args.target)
-    if args.backend is None and args.precision is None and args.device == "cpu" and gguf is not None:
+    if args.backend is None and args.precision is None and args.device == "cpu" and target.gguf is not None:
         from quickdraft.backends.choice import plan_line
         from quickdraft.backends.select import choice_signature, shapes_folder
 
-        print(plan_line(shapes_folder(None), choice_signature(gguf, "fp32")))
+        print(plan_line(shapes_folder(None), choice_signature(target.gguf, "fp32")))
     if budget is None:
         return 0
     fits, advice = fit_advice(report, budget, target, draft, backend, precision, args.device, head)
     print("\n".join(advice))
     return 0 if fits else 1
-
-
-def _gguf_of(source: str | None) -> Path | None:
-    """The GGUF file a target source names (None: the embedded default), or None if it names none."""
-    from quickdraft.models import default_gguf_path
-
-    if source is None:
-        return default_gguf_path()
-    path = Path(source)
-    if path.is_dir() and not (path / "config.json").is_file():
-        ggufs = sorted(path.glob("*.gguf"))
-        return ggufs[0] if len(ggufs) == 1 else None
-    return path if path.suffix == ".gguf" and path.is_file() else None
 
 
 def _export_head(args: argparse.Namespace) -> int:

@@ -259,8 +259,9 @@ class Decoder:
     def finish(self, generation: Generation) -> GenerationOutput:
         """Package a finished Generation: its text ends before a stop string."""
         new_ids = generation.new_tokens
-        plain = [step.verify_time for step in generation.steps if not step.draft_tokens]
-        if self.config.backend == "auto" and observe_passes(self.target, self.device, self._cache_dir, plain):
+        if self.config.backend == "auto" and observe_passes(
+                self.target, self.device, self._cache_dir,
+                [step.verify_time for step in generation.steps if not step.draft_tokens]):
             print(f"quickdraft: this run's one-token passes came clearly faster than when auto chose the "
                   f"{self.backend_kind} backend for {self.target.name} here; that choice is dropped and the next load "
                   f"times the backends again", file=sys.stderr)

@@ -43,6 +43,7 @@ class ModelShape:
     context: int
     tied: bool
     file_bytes: int | None = None  # a GGUF file's tensor bytes (what llama.cpp maps)
+    gguf: Path | None = None  # the GGUF file the shape was read from
 
     @property
     def layer_linear_params(self) -> int:
@@ -100,7 +101,7 @@ def shape_from_gguf(path: Path) -> ModelShape:
                       heads, field_value(f"{arch}.attention.head_count_kv", heads),
                       field_value(f"{arch}.attention.key_length", hidden // heads), vocab,
                       field_value(f"{arch}.context_length"), "output.weight" not in names,
-                      sum(int(t.n_bytes) for t in reader.tensors))
+                      sum(int(t.n_bytes) for t in reader.tensors), path)
 
 
 def read_shape(source: str | os.PathLike | None) -> ModelShape:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -164,11 +163,10 @@ def choice_signature(gguf: Path, precision: str) -> dict:
     return {"choice": "llama.cpp or native (paired one-token passes)", "file": file_key(gguf), "precision": precision}
 
 
-def _choose_llama_cpp(loaded: LoadedModel, device: torch.device, cache_dir: str | os.PathLike | None,
-                      measure: Callable[[], Timings] | None = None) -> BackendChoice:
-    """auto's verdict for a GGUF target (backends/choice.py): kept per machine and file. measure:
-    the paired timings (default: llama.cpp's backend against a native one made for the timing
-    alone, with its plain kernels and no timed shapes, dropped afterwards)."""
+def _choose_llama_cpp(loaded: LoadedModel, device: torch.device, cache_dir: str | os.PathLike | None) -> BackendChoice:
+    """auto's verdict for a GGUF target (backends/choice.py), kept per machine and file, from
+    llama.cpp's backend timed against a native one made for the timing alone (its plain kernels,
+    no timed shapes), dropped afterwards."""
     precision = default_precision(device)
 
     def paired() -> Timings:
@@ -179,7 +177,7 @@ def _choose_llama_cpp(loaded: LoadedModel, device: torch.device, cache_dir: str 
         return time_pairs(fast, native, torch.get_num_threads())
 
     return cached_backend_choice(shapes_folder(cache_dir), choice_signature(loaded.gguf, precision),
-                                 measure or paired, precision)
+                                 paired, precision)
 
 
 def auto_choice(loaded: LoadedModel, device: str | torch.device) -> BackendChoice | None:
@@ -267,13 +265,12 @@ def _llama_cpp_backend(loaded: LoadedModel, device: torch.device, layers: list[i
     key = (LLAMA_CPP, threads)
     if key not in loaded.backends:
         backend = LlamaCppBackend(gguf, loaded.name, loaded.tokenizer, loaded.eos_ids, threads)
+        folder, signature = shapes_folder(cache_dir), {"file": file_key(gguf), "threads": threads}
         # Exactness, not speed: checked whatever measure says (seconds, once per machine and file).
-        backend.exact_rows = int(cached_choice(shapes_folder(cache_dir), {"check": "llama.cpp exact rows",
-                                                                          "file": file_key(gguf), "threads": threads},
+        backend.exact_rows = int(cached_choice(folder, {"check": "llama.cpp exact rows", **signature},
                                                backend.measure_exact_rows))
         if measure:
-            backend.pass_ms = measure_pass_costs(backend, shapes_folder(cache_dir),
-                                                 {"file": file_key(gguf), "threads": threads})
+            backend.pass_ms = measure_pass_costs(backend, folder, signature)
         loaded.backends[key] = backend
     return loaded.backends[key]
 
@@ -315,6 +312,6 @@ def native_weights(loaded: LoadedModel, precision: str, device: torch.device,
     return loaded.native[key]
 
 
-__all__ = ["BACKENDS", "DEVICES", "GGUF", "LLAMA_CPP", "PRECISIONS", "STATIC", "check_backend_kind", "check_precision",
-           "auto_choice", "backend_reason", "choice_signature", "default_precision", "make_backend", "observe_passes", "native_weights", "resolve_device", "resolve_kind", "static_supports",
-           "uses_native"]
+__all__ = ["BACKENDS", "DEVICES", "GGUF", "LLAMA_CPP", "PRECISIONS", "STATIC", "auto_choice", "backend_reason",
+           "check_backend_kind", "check_precision", "choice_signature", "default_precision", "make_backend",
+           "native_weights", "observe_passes", "resolve_device", "resolve_kind", "static_supports", "uses_native"]
