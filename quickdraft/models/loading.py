@@ -1,7 +1,7 @@
 """Load a target or draft model from a hub id, a local folder, a GGUF file, or a loaded model.
 
-GGUF files are de-quantized by transformers once, then cached as safetensors so the next
-start takes about a second. Every failure becomes a one-line QuickdraftError.
+GGUF files are de-quantized once (models/gguf_convert.py: transformers' conversion with the
+metadata read once), then cached as safetensors so the next start takes about a second. Every failure becomes a one-line QuickdraftError.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from transformers import (
 )
 
 from quickdraft.errors import QuickdraftError
+from quickdraft.models import gguf_convert
 from quickdraft.models.embedded import DEFAULT_NAME, default_gguf_path
 
 ModelSource = str | os.PathLike | PreTrainedModel | None
@@ -154,10 +155,14 @@ def _convert_gguf(path: Path, target: Path) -> None:
     print(f"quickdraft: converting {path.name} to safetensors (first use only), cache: {target}", file=sys.stderr)
     folder, name = str(path.parent), path.name
     try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=name)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        # config given: transformers would parse the file's metadata once more for it (6 s for SmolLM2's).
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=torch.float32)
+        if gguf_convert.fast_path(path):  # the file's metadata read once (seconds, not a minute for Gemma 3)
+            config = gguf_convert.read_config(path)
+            tokenizer = gguf_convert.read_tokenizer(path, config)
+            model = gguf_convert.read_model(path, config)
+        else:
+            config = AutoConfig.from_pretrained(folder, gguf_file=name)
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=torch.float32)
     except Exception as error:  # gguf's reader raises many types on a bad file
         raise QuickdraftError(f"could not read GGUF file {path}: {_first_line(error)}") from error
     target.parent.mkdir(parents=True, exist_ok=True)

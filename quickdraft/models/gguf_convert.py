@@ -1,0 +1,161 @@
+"""A GGUF file as a transformers model, config and tokenizer, reading the file's metadata once.
+
+transformers' own GGUF loading (the legacy path it keeps for Llama, Mistral, Qwen2, Gemma 3)
+parses every metadata value of the file with gguf-py's reader, three times over (config,
+tokenizer, weights): 15 s each for Gemma 3's 262,144-token vocabulary. This reads the metadata
+with transformers' fast reader, which leaves the tokenizer's arrays unparsed, and the tensors
+from their byte offsets, then applies transformers' own name map and tensor processors (Llama's
+q/k row order, Gemma's norm offsets), so the result is the legacy path's, value for value
+(tests/test_gguf_convert.py). Other architectures take transformers' path unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, MODEL_ARCH_NAMES, GGMLQuantizationType, dequantize, get_tensor_name_map
+from transformers import (AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase,
+                          TokenizersBackend)
+from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING
+# transformers' fast reader; its tensor table is read with its own helpers (GgufHeader itself
+# refuses ggml types its de-quantizer lacks, such as Q5_0, which gguf-py's handles).
+from transformers.integrations.gguf.reader import _mapped, _read_metadata, _read_tensor_table, read_gguf_metadata
+from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
+from transformers.modeling_gguf_pytorch_utils import GGUF_TO_TRANSFORMERS_MAPPING, TENSOR_PROCESSORS, TensorProcessor
+
+# Architectures whose legacy conversion is the generic key mapping alone (no special cases in
+# transformers' load_gguf_checkpoint): these take the one-read path.
+FAST_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+
+
+def fast_path(path: str | Path) -> bool:
+    """Whether `path`'s architecture takes the one-read path."""
+    metadata, _ = read_gguf_metadata(str(path))
+    return metadata["general.architecture"] in FAST_ARCHITECTURES
+
+
+def config_dict(metadata: dict, tensor_names: tuple[str, ...]) -> dict:
+    """The config dict transformers' legacy GGUF path builds, from the file's metadata."""
+    architecture = metadata["general.architecture"]
+    # transformers renames llama files whose name list holds "mistral" (a list membership test).
+    name = metadata.get("general.name")
+    updated = "mistral" if "llama" in architecture and name == "mistral" else architecture
+    parsed: dict[str, dict] = {key: {} for key in GGUF_TO_TRANSFORMERS_MAPPING}
+    parsed["config"]["tie_word_embeddings"] = "output.weight" not in tensor_names
+    defaults = GGUF_CONFIG_DEFAULTS_MAPPING.get(updated, GGUF_CONFIG_DEFAULTS_MAPPING.get(architecture) or {})
+    for key, value in defaults.items():
+        parsed["config"].setdefault(key, value)
+    for key, value in metadata.items():
+        prefix, _, config_key = key.replace(architecture, updated).partition(".")
+        if isinstance(value, str) and architecture in value:
+            value = value.replace(architecture, updated)
+        for parameter, renames in GGUF_TO_TRANSFORMERS_MAPPING.items():
+            renamed = renames.get(prefix, {}).get(config_key)
+            if renamed is not None and renamed != -1:  # -1: a key transformers reads and drops
+                parsed[parameter][renamed] = value
+    config = parsed["config"]
+    if config["model_type"] == "gemma3":
+        config["model_type"] = "gemma3_text"  # the file holds the text backbone only
+    if "vocab_size" not in config and "tokenizer.ggml.tokens" in metadata:
+        config["vocab_size"] = metadata["tokenizer.ggml.tokens"]  # the fast reader gives an array's length
+    return config
+
+
+def read_config(path: str | Path) -> PretrainedConfig:
+    metadata, names = read_gguf_metadata(str(path))
+    values = config_dict(metadata, names)
+    return AutoConfig.for_model(values.pop("model_type"), **values)
+
+
+@dataclass(frozen=True)
+class GgufTensor:
+    """One tensor of a file: its name, shape [out, in] (torch order), type and raw bytes (mapped)."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: GGMLQuantizationType
+    raw: np.ndarray  # [rows, bytes per row] uint8
+
+    def values(self) -> np.ndarray:
+        """De-quantized by gguf-py, as transformers' legacy path does: the same values."""
+        return dequantize(self.raw, self.kind).reshape(self.shape)
+
+
+def read_table(path: str | Path) -> tuple[dict, list[GgufTensor]]:
+    """A file's metadata (tokenizer arrays left as their lengths) and its tensors, unread."""
+    blob = _mapped(str(path))
+    metadata, count, position = _read_metadata(blob, str(path))
+    table, position = _read_tensor_table(blob, count, position)
+    alignment = metadata.get("general.alignment", 32)
+    data_start = (position + alignment - 1) // alignment * alignment
+    tensors = []
+    for name, shape, ggml_type, offset in table:
+        kind = GGMLQuantizationType(ggml_type)
+        block, block_bytes = GGML_QUANT_SIZES[kind]
+        start = data_start + offset
+        raw = blob[start:start + prod(shape) // block * block_bytes].reshape(prod(shape[:-1]), -1)
+        tensors.append(GgufTensor(name, tuple(shape), kind, raw))
+    return metadata, tensors
+
+
+def read_tensors(path: str | Path, model: PreTrainedModel, config: dict) -> dict[str, torch.Tensor]:
+    """The file's tensors de-quantized to fp32 under `model`'s parameter names, each put through
+    transformers' tensor processor for the architecture."""
+    metadata, tensors = read_table(path)
+    processor = TENSOR_PROCESSORS.get(metadata["general.architecture"], TensorProcessor)(config=config)
+    names = gguf_to_hf_names(model, metadata["general.architecture"], processor)
+    parsed: dict[str, dict] = {"config": config, "tensors": {}}
+    for tensor in tensors:
+        result = processor.process(weights=tensor.values(), name=tensor.name, tensor_key_mapping=names,
+                                   parsed_parameters=parsed)
+        if result.name in names:
+            parsed["tensors"][names[result.name]] = torch.from_numpy(np.array(result.weights, dtype=np.float32))
+    return parsed["tensors"]
+
+
+def gguf_to_hf_names(model: PreTrainedModel, architecture: str,
+                     processor: TensorProcessor | None = None) -> dict[str, str]:
+    """GGUF tensor name -> `model`'s parameter name, by gguf-py's name table for the architecture:
+    transformers' own map for the architectures here, built with one table rather than one per
+    submodule (7 s of SmolLM2's 12)."""
+    processor = processor or TensorProcessor()
+    arch = next((key for key, name in MODEL_ARCH_NAMES.items() if name == architecture), None)
+    if arch is None:
+        return {}
+    table = get_tensor_name_map(arch, model.config.num_hidden_layers)
+    names: dict[str, str] = {}
+    for hf_name in model.state_dict():
+        stem, dot, suffix = processor.preprocess_name(hf_name).rpartition(".")
+        gguf_stem = table.get_name(stem)
+        if gguf_stem is not None:
+            names[f"{gguf_stem}{dot}{suffix}"] = hf_name
+    return names
+
+
+def read_model(path: str | Path, config: PretrainedConfig) -> PreTrainedModel:
+    """The fp32 transformers model of `path`: every parameter from the file (a tied LM head from
+    the embedding)."""
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    tensors = read_tensors(path, model, config.to_dict())
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"the file's tensors do not fill the model: missing {sorted(set(missing) - tied)}, "
+                         f"unexpected {sorted(unexpected)}")
+    model.tie_weights()
+    return model
+
+
+def read_tokenizer(path: str | Path, config: PretrainedConfig) -> PreTrainedTokenizerBase:
+    """The file's tokenizer, built by transformers from the file, in the class AutoTokenizer picks
+    for a GGUF (the config's registered class, else TokenizersBackend; a GGUF has no Mistral
+    format files), found from `config` rather than from a second parse of the metadata."""
+    path = Path(path)
+    tokenizer_class = TOKENIZER_MAPPING.get(type(config), TokenizersBackend)
+    if tokenizer_class is None or tokenizer_class.__name__ == "MistralCommonBackend":
+        tokenizer_class = TokenizersBackend
+    return tokenizer_class.from_pretrained(str(path.parent), gguf_file=path.name)

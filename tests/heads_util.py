@@ -1,0 +1,40 @@
+"""Untrained heads written as `quickdraft train` writes them, for targets no shipped head fits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from quickdraft.heads.eagle import EagleConfig, EagleHead
+from quickdraft.heads.medusa import MedusaHeads
+from quickdraft.heads.train import CONFIG_FILE, HEADS_FILE
+from quickdraft.models import LoadedModel
+
+
+def _save(head: torch.nn.Module, folder: Path, config: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(folder / HEADS_FILE))
+    (folder / CONFIG_FILE).write_text(json.dumps(config))
+    return folder
+
+
+def eagle1_head(target: LoadedModel, folder: Path) -> Path:
+    """An untrained EAGLE-1 head (it reads the last hidden state, which every backend returns)."""
+    torch.manual_seed(0)  # test-only: the head's random weights
+    embed, lm_head = target.model.get_input_embeddings().weight, target.model.get_output_embeddings().weight
+    config = EagleConfig.from_target(target.model.config)
+    head = EagleHead(config, embed.detach(), lm_head.detach(), torch.arange(lm_head.shape[0]))
+    return _save(head, folder, {"kind": "eagle", "target": target.name, "layer": config.to_dict(),
+                                "vocab": lm_head.shape[0], "hidden": lm_head.shape[1]})
+
+
+def medusa_heads(target: LoadedModel, folder: Path, heads: int = 3) -> Path:
+    """Untrained Medusa heads (each starts as the target's own next-token head)."""
+    torch.manual_seed(0)  # test-only: the heads' random weights
+    lm_head = target.model.get_output_embeddings().weight.detach()
+    head = MedusaHeads(lm_head, heads)
+    return _save(head, folder, {"kind": "medusa", "target": target.name, "heads": heads,
+                                "vocab": lm_head.shape[0], "hidden": lm_head.shape[1]})
