@@ -84,7 +84,9 @@ ROW_INVARIANT_ROWS = 63
 # this machine's kernels: ggml repacks Q4_K/Q4_0 weights for kernels that take 4 rows at once, and
 # its sgemm path takes Q5_0/Q8_0 rows in blocks (Gemma 3 270M's Q4_K_M file: exact up to 3 rows here,
 # SmolLM2's Q4_1 up to 63). So each file's exact size is measured at load (exact_rows).
-EXACT_GRID = (2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, ROW_INVARIANT_ROWS)
+# Up to 32: verify passes are K + 1 tokens, and a larger tree pass in parts of 32 costs little more,
+# while each size checked costs as many one-token passes (the check's cost on a first run).
+EXACT_GRID = (2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
 EXACT_CONTEXTS = (40, 300)  # cached tokens before the checked rows (attention's paths differ by length)
 
 
@@ -214,9 +216,10 @@ class LlamaCppBackend:
         (1: none). An exactness check, not a timing: the same on a busy machine as on a quiet one."""
         generator = torch.Generator().manual_seed(0)
         top = min(self.vocab_size, 32000)
-        exact = self.exact_rows = ROW_INVARIANT_ROWS  # while checking, passes are single decodes
+        self.exact_rows = ROW_INVARIANT_ROWS  # while checking, passes are single decodes
+        exact = EXACT_GRID[-1]
         for length in EXACT_CONTEXTS:
-            if length + ROW_INVARIANT_ROWS > self.max_length:
+            if length + exact > self.max_length:
                 continue
             context = torch.randint(top // 100, top, (length,), generator=generator).tolist()
             new = torch.randint(top // 100, top, (exact,), generator=generator).tolist()
@@ -228,6 +231,7 @@ class LlamaCppBackend:
                     exact = max([1] + [n for n in EXACT_GRID if n < size])
                     break
             cache.truncate(0)
+        self.exact_rows = exact
         return exact
 
     def _rows_after(self, cache: LlamaCppCache, length: int, passes: list[list[int]]) -> torch.Tensor:
