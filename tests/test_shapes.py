@@ -4,6 +4,8 @@ the choice is measured once and read back from its file, and decoding is unchang
 from __future__ import annotations
 
 import json
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,7 +13,8 @@ import torch
 from quickdraft import Decoder
 from quickdraft.backends.hf import HFBackend
 from quickdraft.backends.native import NativeBackend
-from quickdraft.backends.shapes import ROW_GRID, fastest_at_or_above, measure_pad_plan, measure_row_plan
+from quickdraft.backends.shapes import (ROW_GRID, fastest_at_or_above, measure_pad_plan, measure_pass_costs,
+                                       measure_row_plan)
 from quickdraft.models.linear import Kernel, apply_linear
 from quickdraft.models.native import NativeWeights
 
@@ -103,3 +106,27 @@ def test_trees_read_in_place_only_below_fp32_where_the_check_passed_and_it_is_ca
     (saved,) = tmp_path.glob("*.json")
     saved.write_text(saved.read_text().replace(f'"choice": {str(expected).lower()}', f'"choice": {str(not expected).lower()}'))
     assert check_in_place_trees(bf16, tmp_path) is (not expected)  # read back, not checked again
+
+
+class SleepingBackend:
+    """A backend whose passes wait without computing: to this process, the cores were busy elsewhere."""
+
+    name, precision, vocab_size, max_length, threads = "sleeper", "fp32", 16, 256, 1
+
+    def __init__(self, device: str) -> None:
+        self.device = torch.device(device)
+
+    def new_cache(self, length=None):
+        return SimpleNamespace(length=0, truncate=lambda n: None)
+
+    def forward(self, passes):
+        time.sleep(0.002)
+        return [None for _ in passes]
+
+
+def test_pass_costs_timed_while_the_cores_were_busy_are_used_not_kept(tmp_path):
+    costs = measure_pass_costs(SleepingBackend("cpu"), tmp_path, progress=False)
+    assert set(costs) == {1, 2, 4, 8, 16} and all(ms > 1 for ms in costs.values())
+    assert not list(tmp_path.rglob("*.json"))  # nothing cached: a quiet load measures again
+    measure_pass_costs(SleepingBackend("meta"), tmp_path, progress=False)  # not a CPU: waiting is the device's
+    assert len(list(tmp_path.rglob("*.json"))) == 1

@@ -18,12 +18,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from quickdraft.backends.base import Backend, SeqPass
-from quickdraft.backends.shapes import COST_CONTEXT, forget_choice, read_choice, write_choice
+from quickdraft.backends.shapes import COST_CONTEXT, QUIET, CpuShare, forget_choice, read_choice, write_choice
 
 ROUNDS = 9  # timed pairs (after one warm-up pair): a few seconds on a 135M model
 MARGIN = 0.8  # native must take at most this share of llama.cpp's time in a pair to count as a win
 WINS = 0.75  # ... in at least this share of the pairs, to be chosen over the default
-QUIET = 0.75  # our threads' CPU seconds / (wall seconds x threads) below this: the machine was busy
 STALE = 1.5  # a run observing its backend this many times faster than recorded drops the record
 MIN_OBSERVED = 8  # one-token passes a run must have seen to judge a record
 
@@ -89,12 +88,11 @@ def time_pairs(fast: Backend, native: Backend, threads: int, rounds: int = ROUND
 
     one(fast), one(native)  # warm-up
     times: dict[int, list[float]] = {id(fast): [], id(native): []}
-    wall, cpu = time.perf_counter(), time.process_time()
+    share = CpuShare(threads)
     for i in range(rounds):
         for backend in ((fast, native) if i % 2 == 0 else (native, fast)):
             times[id(backend)].append(one(backend))
-    share = (time.process_time() - cpu) / max(1e-9, (time.perf_counter() - wall) * threads)
-    return Timings(times[id(fast)], times[id(native)], min(1.0, share))
+    return Timings(times[id(fast)], times[id(native)], share.share())
 
 
 def cached_backend_choice(folder: Path | None, signature: dict, measure: Callable[[], Timings],
