@@ -42,3 +42,14 @@ def test_local_folder_loads_and_generates_like_the_model(tmp_path, tiny_target):
     prompt = [3, 4, 5]
     assert decoder.generate(prompt, max_new_tokens=10).token_ids == direct.generate(prompt, max_new_tokens=10).token_ids
     assert decoder.tokenizer is None  # no tokenizer files: token-id prompts only
+
+
+def test_a_truncated_gguf_names_the_tensor_and_leaves_no_cache(random_ggufs, tmp_path):
+    whole = random_ggufs["llama", "F32"].read_bytes()
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(whole[: len(whole) * 2 // 3])
+    with pytest.raises(QuickdraftError, match=r"could not read GGUF file .*cut.gguf: the file ends inside tensor "
+                                              r"\S+ \(bytes .*truncated") as info:
+        load_model(str(path), cache_dir=tmp_path / "cache")
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "cache" / "converted").exists() or not any((tmp_path / "cache" / "converted").iterdir())

@@ -94,10 +94,16 @@ def read_table(path: str | Path) -> tuple[dict, list[GgufTensor]]:
     data_start = (position + alignment - 1) // alignment * alignment
     tensors = []
     for name, shape, ggml_type, offset in table:
+        if ggml_type not in GGMLQuantizationType._value2member_map_ or GGMLQuantizationType(ggml_type) not in \
+                GGML_QUANT_SIZES:
+            raise ValueError(f"tensor {name} has ggml type {ggml_type}, which the gguf package here cannot read")
         kind = GGMLQuantizationType(ggml_type)
         block, block_bytes = GGML_QUANT_SIZES[kind]
-        start = data_start + offset
-        raw = blob[start:start + prod(shape) // block * block_bytes].reshape(prod(shape[:-1]), -1)
+        start, size = data_start + offset, prod(shape) // block * block_bytes
+        if start + size > blob.size:
+            raise ValueError(f"the file ends inside tensor {name} (bytes {start}-{start + size} of {blob.size}): "
+                             "truncated?")
+        raw = blob[start:start + size].reshape(prod(shape[:-1]), -1)
         tensors.append(GgufTensor(name, tuple(shape), kind, raw))
     return metadata, tensors
 
