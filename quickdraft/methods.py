@@ -19,6 +19,7 @@ from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.lookup_branch import LookupBranch
 from quickdraft.drafters.medusa import MedusaDrafter
 from quickdraft.errors import QuickdraftError
+from quickdraft.heads.export import is_export
 from quickdraft.heads.inference import draft_kernel, for_drafting
 from quickdraft.heads.store import head_folder, load_head
 from quickdraft.heads.train import read_config
@@ -148,7 +149,8 @@ def reads_inner_layers(target: LoadedModel, config: MethodConfig) -> bool:
     llama.cpp backend does not return. Reads the head's config only."""
     if config.method != "eagle":
         return False
-    return "features" in read_config(head_folder("eagle", target, config.head))["layer"]
+    folder = head_folder("eagle", target, config.head)
+    return is_export(folder) or "features" in read_config(folder)["layer"]  # an exported head is EAGLE-3
 
 
 def tree_nodes(parts: Parts, config: MethodConfig) -> tuple[int, dict[int, float] | None]:

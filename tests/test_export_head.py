@@ -8,6 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
 
 from conftest import loaded, tiny_llama
 from quickdraft.cli import main
@@ -280,3 +282,20 @@ def test_export_head_refuses_clearly(target, head_folder, tmp_path, capsys):
     assert code == 0 and (tmp_path / "out" / "model.safetensors").is_file()
     assert f"--model-path {target_dir} --speculative-algorithm EAGLE3 --speculative-draft-model-path" in text
     assert "vllm serve" in text and '"method": "eagle3"' in text
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "sglang"])
+def test_the_cli_drafts_with_an_exported_folder(target, exported, tmp_path, capsys, fmt):
+    """`--method eagle:head=<export-head's folder>`: the README says --head takes one."""
+    folder = tmp_path / "target"
+    target.save_pretrained(folder)
+    characters = {chr(65 + i): i for i in range(V)}  # one token per character: text prompts work
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE(vocab=characters, merges=[]))).save_pretrained(folder)
+    outputs = {}
+    for method in ("none", f"eagle:head={exported[fmt]}"):
+        assert main(["generate", "ABCABD", "--target", str(folder), "--method", method, "--max-new-tokens", "12",
+                     "--json"]) == 0
+        outputs[method] = json.loads(capsys.readouterr().out)
+    plain, eagle = outputs.values()
+    assert eagle["token_ids"] == plain["token_ids"] and len(plain["token_ids"]) == 12
+    assert eagle["stats"]["target_passes"] <= plain["stats"]["target_passes"]
