@@ -9,7 +9,8 @@ from gguf import GGMLQuantizationType
 from quickdraft.backends.llama_cpp import LlamaCppBackend, llama_cpp_installed
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.gguf_convert import read_table
-from quickdraft.models.random_gguf import quantize_gguf
+from quickdraft.models import default_gguf_path
+from quickdraft.models.random_gguf import GgufShape, quantize_gguf, random_gguf
 from conftest import RANDOM_SHAPES
 
 
@@ -47,3 +48,14 @@ def test_an_unknown_file_type_is_refused(random_ggufs, tmp_path):
     with pytest.raises(QuickdraftError, match="not one of"):
         quantize_gguf(random_ggufs["llama", "F32"], tmp_path / "x.gguf", "Q3_X")
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_f16_files_keep_norms_in_f32_and_bad_dtypes_are_refused(tmp_path):
+    shape = GgufShape(hidden=64, layers=1, ffn=128, heads=2, kv_heads=1, head_dim=32)
+    path = random_gguf(default_gguf_path(), tmp_path / "half.gguf", shape, dtype="F16")
+    metadata, tensors = read_table(path)
+    kinds = {t.name: t.kind for t in tensors}
+    assert metadata["general.file_type"] == 1 and kinds["blk.0.attn_q.weight"] == GGMLQuantizationType.F16
+    assert kinds["blk.0.attn_norm.weight"] == GGMLQuantizationType.F32
+    with pytest.raises(QuickdraftError, match="F32 or F16"):
+        random_gguf(default_gguf_path(), tmp_path / "x.gguf", shape, dtype="BF16")

@@ -5,11 +5,13 @@ model of that size or type is on hand (nothing is downloaded, nothing shipped)."
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
 import numpy as np
+from tqdm import tqdm
 
 from quickdraft.errors import QuickdraftError
 
@@ -56,9 +58,9 @@ def _tensor_shape(role: str, shape: GgufShape, vocab: int) -> tuple[int, ...]:
 
 
 def _copy_fields(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, replaced: dict[str, int],
-                 vocab: int | None) -> None:
+                 vocab: int | None, dtype: str) -> None:
     """Every metadata key of the real file (its tokenizer, chat template, rope settings), with
-    the sizes replaced, the file type set to F32, and the vocabulary cut to its first `vocab`
+    the sizes replaced, the file type set to `dtype`'s, and the vocabulary cut to its first `vocab`
     tokens if given."""
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
@@ -72,7 +74,7 @@ def _copy_fields(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, replaced: dic
         elif key in replaced:
             value = replaced[key]
         elif key == "general.file_type":
-            value = FILE_TYPES["F32"]
+            value = FILE_TYPES[dtype]
         sub_type = types[-1] if types[0] == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, value, types[0], sub_type)
     for key, value in replaced.items():
@@ -81,11 +83,15 @@ def _copy_fields(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, replaced: dic
 
 
 def random_gguf(like: str | Path, out: str | Path, shape: GgufShape, seed: int = 0,
-                vocab: int | None = None) -> Path:
-    """An F32 GGUF at `out` with `like`'s architecture, tokenizer and tensor names, and random
-    weights at `shape`: matrices ~ N(0, 1/fan_in) so activations keep their scale, embeddings
-    scaled so next-token distributions are peaked rather than flat, norms at one. vocab: keep
-    only the first tokens (a file for tests of everything but the tokenizer's merges)."""
+                vocab: int | None = None, dtype: str = "F32", progress: bool = False) -> Path:
+    """A GGUF at `out` with `like`'s architecture, tokenizer and tensor names, and random weights
+    at `shape`: matrices ~ N(0, 1/fan_in) so activations keep their scale, embeddings scaled so
+    next-token distributions are peaked rather than flat, norms at one. vocab: keep only the first
+    tokens (a file for tests of everything but the tokenizer's merges). dtype: "F32" or "F16" for
+    the matrices (norms stay F32, as converters write them). Tensors are made and written one at a
+    time, so a model of any size needs memory for its largest tensor only."""
+    if dtype not in ("F32", "F16"):
+        raise QuickdraftError(f"random GGUF files are written as F32 or F16, not {dtype!r}")
     reader = gguf.GGUFReader(str(like))
     arch = reader.fields["general.architecture"].contents()
     embedding = next(t for t in reader.tensors if t.name == "token_embd.weight")
@@ -94,22 +100,29 @@ def random_gguf(like: str | Path, out: str | Path, shape: GgufShape, seed: int =
     replaced = shape.metadata(arch)
     if f"{arch}.vocab_size" in reader.fields:
         replaced[f"{arch}.vocab_size"] = vocab
-    _copy_fields(reader, writer, replaced, vocab if vocab < int(embedding.shape[1]) else None)
-    rng = np.random.default_rng(seed)
+    _copy_fields(reader, writer, replaced, vocab if vocab < int(embedding.shape[1]) else None, dtype)
     names = {re.sub(r"^blk\.\d+\.", "", t.name) for t in reader.tensors if t.name.startswith("blk.")}
     top = [t.name for t in reader.tensors if not t.name.startswith("blk.")]
-    for name in top + [f"blk.{i}.{n}" for i in range(shape.layers) for n in sorted(names)]:
-        role = name.removesuffix(".weight").split(".")[-1]
-        size = _tensor_shape(role, shape, vocab)
+    tensors = [(name, _tensor_shape(name.removesuffix(".weight").split(".")[-1], shape, vocab))
+               for name in top + [f"blk.{i}.{n}" for i in range(shape.layers) for n in sorted(names)]]
+    matrix = np.float16 if dtype == "F16" else np.float32
+    for name, size in tensors:
+        kind = np.float32 if len(size) == 1 else matrix
+        writer.add_tensor_info(name, size, np.dtype(kind), int(np.prod(size)) * np.dtype(kind).itemsize)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for name, size in tqdm(tensors, desc=f"writing {Path(out).name}", unit="tensor", disable=not progress,
+                           file=sys.stderr):
         if len(size) == 1:
             values = np.ones(size, dtype=np.float32)
         else:
-            scale = 3.0 if role in ("token_embd", "output") else 1.0  # logits of std ~3: peaked
-            values = (rng.standard_normal(size, dtype=np.float32) * (scale / np.sqrt(size[1]))).astype(np.float32)
-        writer.add_tensor(name, values)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+            scale = 3.0 if name.startswith(("token_embd", "output.")) else 1.0  # logits of std ~3: peaked
+            values = rng.standard_normal(size, dtype=np.float32)
+            values *= scale / np.sqrt(size[1])
+            values = values.astype(matrix, copy=False)
+        writer.write_tensor_data(values)
     writer.close()
     return Path(out)
 
