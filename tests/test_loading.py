@@ -53,3 +53,14 @@ def test_a_truncated_gguf_names_the_tensor_and_leaves_no_cache(random_ggufs, tmp
         load_model(str(path), cache_dir=tmp_path / "cache")
     assert "\n" not in str(info.value)
     assert not (tmp_path / "cache" / "converted").exists() or not any((tmp_path / "cache" / "converted").iterdir())
+
+
+def test_an_unknown_tensor_type_names_the_tensor(random_ggufs, tmp_path):
+    data = bytearray(random_ggufs["llama", "F32"].read_bytes())
+    name = b"output_norm.weight"
+    at = data.index(name) + len(name) + 4 + 8  # past its dimension count and its one dimension: its type
+    data[at:at + 4] = (99).to_bytes(4, "little")
+    path = tmp_path / "odd.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(QuickdraftError, match=r"odd.gguf: tensor output_norm.weight has ggml type 99"):
+        load_model(str(path), cache_dir=tmp_path / "cache")

@@ -1,6 +1,6 @@
 """A GGUF file as a transformers model, config and tokenizer, reading the file's metadata once.
 
-transformers' own GGUF loading (the legacy path it keeps for Llama, Mistral, Qwen2, Gemma 3)
+transformers' own GGUF loading (the legacy path it keeps for Llama, Mistral, Qwen2, Gemma 3 and more)
 parses every metadata value of the file with gguf-py's reader, three times over (config,
 tokenizer, weights): 15 s each for Gemma 3's 262,144-token vocabulary. This reads the metadata
 with transformers' fast reader, which leaves the tokenizer's arrays unparsed, and the tensors
@@ -28,8 +28,9 @@ from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
 from transformers.modeling_gguf_pytorch_utils import GGUF_TO_TRANSFORMERS_MAPPING, TENSOR_PROCESSORS, TensorProcessor
 
 # Architectures whose legacy conversion is the generic key mapping alone (no special cases in
-# transformers' load_gguf_checkpoint): these take the one-read path.
-FAST_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+# transformers' load_gguf_checkpoint) and whose one-read result is tested equal to it (Mistral
+# files are "llama" files): these take the one-read path, every other one transformers' own.
+FAST_ARCHITECTURES = ("llama", "gemma3")
 
 
 def fast_path(path: str | Path) -> bool:
@@ -94,11 +95,12 @@ def read_table(path: str | Path) -> tuple[dict, list[GgufTensor]]:
     data_start = (position + alignment - 1) // alignment * alignment
     tensors = []
     for name, shape, ggml_type, offset in table:
-        if ggml_type not in GGMLQuantizationType._value2member_map_ or GGMLQuantizationType(ggml_type) not in \
-                GGML_QUANT_SIZES:
-            raise ValueError(f"tensor {name} has ggml type {ggml_type}, which the gguf package here cannot read")
-        kind = GGMLQuantizationType(ggml_type)
-        block, block_bytes = GGML_QUANT_SIZES[kind]
+        try:
+            kind = GGMLQuantizationType(ggml_type)
+            block, block_bytes = GGML_QUANT_SIZES[kind]
+        except (ValueError, KeyError):
+            raise ValueError(f"tensor {name} has ggml type {ggml_type}, which the gguf package here cannot read") \
+                from None
         start, size = data_start + offset, prod(shape) // block * block_bytes
         if start + size > blob.size:
             raise ValueError(f"the file ends inside tensor {name} (bytes {start}-{start + size} of {blob.size}): "

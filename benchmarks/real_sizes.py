@@ -1,0 +1,95 @@
+"""Verify-pass costs at real model sizes on the llama.cpp backend: random weights at 1B and 3B
+(and, asked for, 8B) shapes with the default target's vocabulary, quantized by llama.cpp's own
+quantizer, made here and never shipped. For each file: its load time, the exact decode size the
+backend measures, what a pass of n rows costs in parts of that size (exact) and in one decode,
+and the bound that puts on any speculative method: with every drafted token accepted, an n-row
+pass yields n tokens for cost(n), so no method beats max over n of n * cost(1) / cost(n).
+
+    .venv/bin/python benchmarks/real_sizes.py [--shapes 1b 3b] [--types Q4_0 Q8_0 Q4_K_M] [--work DIR]
+
+The native backend is not measured here: it still loads a GGUF through an fp32 copy (issue 35).
+Nothing here is a test; compare only numbers from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+from quickdraft.backends.base import SeqPass
+from quickdraft.backends.llama_cpp import ROW_INVARIANT_ROWS, LlamaCppBackend
+from quickdraft.models import default_gguf_path
+from quickdraft.models.random_gguf import GgufShape, quantize_gguf, random_gguf
+
+SHAPES = {  # the shapes of TinyLlama-1.1B, Llama-3.2-3B and Llama-3.1-8B, with SmolLM2's vocabulary
+    "1b": GgufShape(hidden=2048, layers=22, ffn=5632, heads=32, kv_heads=4, head_dim=64, context=2048),
+    "3b": GgufShape(hidden=3072, layers=28, ffn=8192, heads=24, kv_heads=8, head_dim=128, context=2048),
+    "8b": GgufShape(hidden=4096, layers=32, ffn=14336, heads=32, kv_heads=8, head_dim=128, context=2048),
+}
+ROWS = (1, 2, 4, 8, 16)
+CACHED = 128  # tokens in the cache before a timed pass
+
+
+def pass_ms(backend: LlamaCppBackend, rows: int) -> float:
+    context = [(7 + 13 * i) % backend.vocab_size for i in range(CACHED + rows)]
+    cache = backend.new_cache()
+    backend.forward([SeqPass(cache, context[:CACHED], logits="none")])
+    start = time.perf_counter()
+    backend.forward([SeqPass(cache, context[CACHED:])])
+    elapsed = 1000 * (time.perf_counter() - start)
+    cache.truncate(0)
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", nargs="+", default=["1b", "3b"], choices=list(SHAPES))
+    parser.add_argument("--types", nargs="+", default=["Q4_0", "Q8_0", "Q4_K_M"])
+    parser.add_argument("--work", type=Path, default=Path("/tmp/quickdraft-real-sizes"),
+                        help="where the random files are made (kept for a rerun)")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    print(f"{date.today()} · {platform.processor() or platform.machine()} · llama.cpp backend, 2 threads · "
+          f"{CACHED} cached tokens, median of {args.rounds} interleaved rounds")
+    print("| shape | type | file GB | load s | exact rows | ms, 1 row | n rows / 1 row, exact (n = 2/4/8/16) | "
+          "one decode | bound, exact | bound, one decode |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name in args.shapes:
+        base = args.work / f"{name}-F16.gguf"
+        if not base.is_file():
+            random_gguf(default_gguf_path(), base, SHAPES[name], dtype="F16", progress=True)
+        for kind in args.types:
+            path = args.work / f"{name}-{kind}.gguf"
+            if not path.is_file():
+                print(f"quantizing {base.name} to {kind}", file=sys.stderr)
+                quantize_gguf(base, path, kind)
+            start = time.perf_counter()
+            backend = LlamaCppBackend(path, f"{name}-{kind}", threads=2)
+            load = time.perf_counter() - start
+            exact = backend.measure_exact_rows()
+            times: dict[tuple[int, int], list[float]] = {(n, s): [] for n in ROWS for s in (exact, ROW_INVARIANT_ROWS)}
+            pass_ms(backend, 1)  # warm-up
+            for _ in range(args.rounds):
+                for n in ROWS:
+                    for step in (exact, ROW_INVARIANT_ROWS):
+                        backend.exact_rows = step
+                        times[n, step].append(pass_ms(backend, n))
+            cost = {key: statistics.median(value) for key, value in times.items()}
+            one = cost[1, exact]
+            ratios = {s: [cost[n, s] / one for n in ROWS[1:]] for s in (exact, ROW_INVARIANT_ROWS)}
+            bounds = {s: max(n * one / cost[n, s] for n in ROWS) for s in (exact, ROW_INVARIANT_ROWS)}
+            print(f"| {name} | {kind} | {path.stat().st_size / 1e9:.2f} | {load:.1f} | {exact} | {one:.0f} | "
+                  f"{' / '.join(f'{r:.2f}' for r in ratios[exact])} | "
+                  f"{' / '.join(f'{r:.2f}' for r in ratios[ROW_INVARIANT_ROWS])} | "
+                  f"{bounds[exact]:.2f}x | {bounds[ROW_INVARIANT_ROWS]:.2f}x |", flush=True)
+            del backend
+
+
+if __name__ == "__main__":
+    main()
