@@ -42,4 +42,5 @@ def test_it_equals_transformers_conversion(random_ggufs, arch):
         assert type(tokenizer) is type(their_tokenizer)
         assert tokenizer(TEXT)["input_ids"] == their_tokenizer(TEXT)["input_ids"]
         assert tokenizer.get_vocab() == their_tokenizer.get_vocab()
-        assert tokenizer.chat_template == their_tokenizer.chat_template and tokenizer.eos_token == their_tokenizer.eos_token
+        assert tokenizer.chat_template == their_tokenizer.chat_template
+        assert tokenizer.eos_token == their_tokenizer.eos_token

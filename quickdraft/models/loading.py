@@ -1,7 +1,8 @@
 """Load a target or draft model from a hub id, a local folder, a GGUF file, or a loaded model.
 
 GGUF files are de-quantized once (models/gguf_convert.py: transformers' conversion with the
-metadata read once), then cached as safetensors so the next start takes about a second. Every failure becomes a one-line QuickdraftError.
+metadata read once), then cached as safetensors so the next start takes about a second.
+Every failure becomes a one-line QuickdraftError.
 """
 
 from __future__ import annotations
