@@ -24,7 +24,7 @@ from quickdraft.bench.prompts import default_prompt_file, read_prompt_file
 
 
 def pass_ms(backend, rows: int, cached: int = 200) -> float:
-    """One pass of `rows` tokens after `cached` ones, in milliseconds."""
+    """One pass of `rows` tokens after `cached` ones, in milliseconds (benchmarks/real_sizes.py too)."""
     context = [(7 + 13 * i) % backend.vocab_size for i in range(cached + rows)]
     cache = backend.new_cache()
     backend.forward([SeqPass(cache, context[:cached], logits="none")])

@@ -21,10 +21,11 @@ import time
 from datetime import date
 from pathlib import Path
 
-from quickdraft.backends.base import SeqPass
 from quickdraft.backends.llama_cpp import ROW_INVARIANT_ROWS, LlamaCppBackend
 from quickdraft.models import default_gguf_path
 from quickdraft.models.random_gguf import GgufShape, quantize_gguf, random_gguf
+
+from exact_rows_cost import pass_ms  # this folder's: one timed pass after cached tokens
 
 SHAPES = {  # the shapes of TinyLlama-1.1B, Llama-3.2-3B and Llama-3.1-8B, with SmolLM2's vocabulary
     "1b": GgufShape(hidden=2048, layers=22, ffn=5632, heads=32, kv_heads=4, head_dim=64, context=2048),
@@ -33,17 +34,6 @@ SHAPES = {  # the shapes of TinyLlama-1.1B, Llama-3.2-3B and Llama-3.1-8B, with 
 }
 ROWS = (1, 2, 4, 8, 16)
 CACHED = 128  # tokens in the cache before a timed pass
-
-
-def pass_ms(backend: LlamaCppBackend, rows: int) -> float:
-    context = [(7 + 13 * i) % backend.vocab_size for i in range(CACHED + rows)]
-    cache = backend.new_cache()
-    backend.forward([SeqPass(cache, context[:CACHED], logits="none")])
-    start = time.perf_counter()
-    backend.forward([SeqPass(cache, context[CACHED:])])
-    elapsed = 1000 * (time.perf_counter() - start)
-    cache.truncate(0)
-    return elapsed
 
 
 def main() -> None:
@@ -74,12 +64,12 @@ def main() -> None:
             load = time.perf_counter() - start
             exact = backend.measure_exact_rows()
             times: dict[tuple[int, int], list[float]] = {(n, s): [] for n in ROWS for s in (exact, ROW_INVARIANT_ROWS)}
-            pass_ms(backend, 1)  # warm-up
+            pass_ms(backend, 1, CACHED)  # warm-up
             for _ in range(args.rounds):
                 for n in ROWS:
                     for step in (exact, ROW_INVARIANT_ROWS):
                         backend.exact_rows = step
-                        times[n, step].append(pass_ms(backend, n))
+                        times[n, step].append(pass_ms(backend, n, CACHED))
             cost = {key: statistics.median(value) for key, value in times.items()}
             one = cost[1, exact]
             ratios = {s: [cost[n, s] / one for n in ROWS[1:]] for s in (exact, ROW_INVARIANT_ROWS)}
