@@ -233,7 +233,6 @@ class LlamaCppBackend:
                     exact = max([1] + [n for n in EXACT_GRID if n < size])
                     break
             cache.truncate(0)
-        self.exact_rows = exact
         return exact
 
     def _rows_after(self, cache: LlamaCppCache, length: int, passes: list[list[int]]) -> torch.Tensor:
