@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How long the first `quickdraft generate` takes on a fresh cache (conversion, the llama.cpp
+# How long the first `quickdraft generate` takes on a fresh cache (the tokenizer, the llama.cpp
 # exactness check, auto's timing): quiet, then with BUSY processes spinning beside it.
 #   benchmarks/first_run.sh [BUSY]   (default 2: one per core of this project's machines)
 set -euo pipefail

@@ -72,7 +72,7 @@ def build(shape: str, target: str | None, device: torch.device, dtype: torch.dty
     config = LlamaConfig(**SHAPES[shape], bos_token_id=None, eos_token_id=None, pad_token_id=None)
     with torch.device(device):
         model = LlamaForCausalLM._from_config(config, dtype=dtype).eval()
-    return LoadedModel(model, None, shape)
+    return LoadedModel.of(model, None, shape)
 
 
 def pass_costs(weights: NativeWeights, rows: list[int], context: int, rounds: int, graphs: bool) -> dict:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from tqdm import tqdm
 
-from quickdraft.models.layer_subset import decoder_layers
 
 CALIBRATION_PROMPT = "Explain in a few sentences why the sky is blue, then list three colours of the rainbow."
 
@@ -21,7 +20,7 @@ def calibrate_self_spec(base, method: str, k: int | None, *, tokens: int = 40, *
     per depth are kept in the returned decoder's `calibration` attribute.
     """
     settings = {name: value for name, value in settings.items() if name != "layers"}
-    depths = candidate_depths(len(decoder_layers(base.target.model)))
+    depths = candidate_depths(base.target.layers)
     prompt = base.encode(CALIBRATION_PROMPT) if base.tokenizer is not None else list(range(1, 17))
     speeds: dict[int, float] = {}
     decoders = {}

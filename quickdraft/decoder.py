@@ -110,7 +110,7 @@ class Decoder:
             kind, precision = self.backend_kind, self.precision
             if kind == LLAMA_CPP and loaded.gguf is None:  # a draft model that is not a GGUF file runs natively
                 kind, precision = "auto", default_precision(self.device)
-            if kind == STATIC and not static_supports(loaded.model):  # a draft model of another architecture
+            if kind == STATIC and not static_supports(loaded.config):  # a draft model of another architecture
                 kind = "hf"
             return make_backend(loaded, kind, precision, str(self.device), layers, measure_shapes, cache_dir)
 

@@ -5,9 +5,11 @@ GGUF header: no weights loaded), for `quickdraft plan`; `loaded_memory` counts t
 tensors a loaded decoder actually holds, for `generate --verbose` and the server's gauges. Both
 follow how the backends lay memory out:
 
-- the transformers model every load keeps (fp32 on the CPU), plus each backend's own copy:
-  native/static weights cast, fused (q/k/v, gate/up) or quantized once, oneDNN's packed copies
-  of fp32 linears where the CPU has it; llama.cpp's GGUF tensors (memory-mapped);
+- each backend's weights, read from the model's file tensor by tensor: native/static weights
+  cast, fused (q/k/v, gate/up) or quantized once, oneDNN's packed copies of fp32 linears where
+  the CPU has it; llama.cpp's GGUF tensors (memory-mapped); the hf backend's fp32 transformers
+  model. A transformers model passed in memory is counted beside them (the backend shares what
+  it can of it);
 - KV cache per token: native and transformers fp32 keys and values (the native backend adds a
   ones column to values below fp32), static in the activations' dtype, llama.cpp f16; the
   native backend's cache grows by doubling up to the context, static reserves the context
@@ -50,12 +52,6 @@ class ModelShape:
         """q, k, v, o, gate, up, down of one layer."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         return self.hidden * (q + 2 * kv) + q * self.hidden + 3 * self.hidden * self.intermediate
-
-    @property
-    def fused_params(self) -> int:
-        """Weights the native backend fuses into new tensors (q/k/v and gate/up), all layers."""
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return self.layers * (self.hidden * (q + 2 * kv) + 2 * self.hidden * self.intermediate)
 
     @property
     def params(self) -> int:
@@ -139,25 +135,23 @@ ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "int8": 2, "int4": 2}
 
 def backend_weight_bytes(shape: ModelShape, backend: str, precision: str, device: str = "cpu",
                          packed: bool | None = None) -> int:
-    """Bytes of a backend's own copy of the weights, beside the transformers model (fp32, on the CPU).
+    """Bytes of a backend's weights, read from the model's file.
     packed: oneDNN keeps a packed copy of each fp32 linear weight (None: where this torch has it)."""
     packed = torch.backends.mkldnn.is_available() if packed is None else packed
     if backend == "llama.cpp":
         return shape.file_bytes or 0
     if backend == "hf":
-        return 0  # runs the transformers model itself
+        return shape.params * 4  # the fp32 transformers model it builds
     act = ACTIVATION_BYTES[precision]
     embed = shape.vocab * shape.hidden
     norms = (2 * shape.layers + 1) * shape.hidden
     linear = shape.layers * shape.layer_linear_params
     head = 0 if shape.tied else embed
     if precision in ("fp32", "bf16"):
-        if precision == "fp32" and device == "cpu":  # the same tensors, except the fused ones (and packed copies)
-            copies = shape.fused_params * 4
-            if backend == "native" and packed:
-                copies += (linear + (embed if shape.tied else head)) * 4
-            return copies
-        return (embed + norms + linear + head) * act  # a cast copy of everything
+        total = (embed + norms + linear + head) * act  # every tensor at the precision
+        if backend == "native" and precision == "fp32" and device == "cpu" and packed:
+            total += (linear + (embed if shape.tied else head)) * 4  # oneDNN's packed copies beside them
+        return total
     # Quantized: embeddings and norms cast to bf16; linears int8 (a scale per output) or int4 (a
     # scale and zero per 32 inputs); the LM head int8 (int4 costs the logits too much).
     rows = shape.layers * (shape.heads * shape.head_dim + 2 * shape.kv_heads * shape.head_dim + 2 * shape.hidden
@@ -196,7 +190,7 @@ class MemoryReport:
     buffers: int
     max_batch: int
     context: int
-    transformers_copy: int = 0  # the transformers model(s) every load keeps beside a backend's copy (CPU memory)
+    transformers_copy: int = 0  # transformers models passed in memory, beyond what backends share of them (CPU)
     shared_kv: bool = False  # one KV pool for all sequences (llama.cpp)
     device: str = "cpu"  # where weights, caches and buffers live (the transformers copy stays on the CPU)
     notes: list[str] = field(default_factory=list)
@@ -223,8 +217,8 @@ class MemoryReport:
 
     def lines(self) -> list[str]:
         pool = "one pool for all sequences" if self.shared_kv else f"x {self.max_batch} sequences"
-        rows = [("transformers model (kept by every load)", self.transformers_copy),
-                ("target weights (the backend's copy)", self.target_weights),
+        rows = [("transformers model passed in (not shared)", self.transformers_copy),
+                ("target weights (the backend's)", self.target_weights),
                 ("draft model or heads", self.draft_weights),
                 ("KV cache per token", self.kv_per_token),
                 (f"KV cache per sequence at {self.context} tokens", self.kv_per_sequence),
@@ -271,10 +265,20 @@ def plan_memory(target: ModelShape, draft: ModelShape | None = None, *, backend:
         draft_backend = "native" if backend == "llama.cpp" and draft.file_bytes is None else backend
         draft_bytes += backend_weight_bytes(draft, draft_backend, precision, device, packed)
         per_token += kv_bytes_per_token(draft, draft_backend, precision)
-    transformers = (target.params + (draft.params if draft is not None else 0)) * 4
     return MemoryReport(backend_weight_bytes(target, backend, precision, device, packed), draft_bytes, per_token,
                         per_token * slots, buffer_bytes(target, rows * max_batch), max_batch, context,
-                        transformers, shared_kv=backend == "llama.cpp", device=device)
+                        shared_kv=backend == "llama.cpp", device=device)
+
+
+def available_memory() -> int:
+    """Bytes of memory free for a new allocation now (Linux's MemAvailable; else all of it)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def tensor_bytes(*roots: object) -> int:
@@ -321,22 +325,23 @@ def loaded_memory(decoder, max_batch: int = 1, context: int | None = None) -> Me
     """The report for a loaded decoder: weight bytes counted from the tensors it holds; KV and
     buffers from its target's shape (they are allocated per sequence, as sequences come)."""
     target = decoder.target_backend
-    shape = shape_from_config(decoder.target.model.config, decoder.target.name)
+    shape = shape_from_config(decoder.target.config, decoder.target.name)
     kind, precision = decoder.backend_kind, decoder.precision
-    transformers = tensor_bytes(decoder.target.model) + (tensor_bytes(decoder.draft.model) if decoder.draft else 0)
+    own = _backend_bytes(target)
     if kind == "llama.cpp":
-        own = shape_from_gguf(decoder.target.gguf).file_bytes or 0
         precision = "bf16"  # unused for llama.cpp's KV
-    else:
-        own = _own(decoder.target.model, getattr(target, "weights", None))
     heads = tensor_bytes(*[head for key, head in decoder.target.heads.items()]) if decoder.target.heads else 0
     drafter_backend = getattr(decoder.drafter, "backend", None)
     draft_bytes = heads
     per_token = kv_bytes_per_token(shape, kind, precision)
+    held = [_weights(target)]
     if decoder.draft is not None and drafter_backend is not None and drafter_backend is not target:
-        draft_bytes += _own(decoder.draft.model, getattr(drafter_backend, "weights", None))
+        held.append(_weights(drafter_backend))
+        draft_bytes += _backend_bytes(drafter_backend)
         draft_kind = "native" if kind == "llama.cpp" and decoder.draft.gguf is None else kind
-        per_token += kv_bytes_per_token(shape_from_config(decoder.draft.model.config), draft_kind, precision)
+        per_token += kv_bytes_per_token(shape_from_config(decoder.draft.config), draft_kind, precision)
+    models = [m.built for m in (decoder.target, decoder.draft) if m is not None and m.built is not None]
+    transformers = tensor_bytes(*models, *held) - tensor_bytes(*held)  # what the backends do not share
     context = min(context or decoder.context_length, decoder.context_length)
     rows = getattr(target, "rows", 16)
     slots = context + rows if kind == "static" else context
@@ -344,9 +349,17 @@ def loaded_memory(decoder, max_batch: int = 1, context: int | None = None) -> Me
                         max_batch, context, transformers, shared_kv=kind == "llama.cpp", device=decoder.device.type)
 
 
-def _own(model: torch.nn.Module, weights: object) -> int:
-    """Bytes of a backend's weights that are not the transformers model's own tensors (its copies)."""
-    return 0 if weights is None else tensor_bytes(model, weights) - tensor_bytes(model)
+def _backend_bytes(backend: object) -> int:
+    """Bytes of a backend's weights: its GGUF file (llama.cpp maps it), or the tensors it holds."""
+    gguf = getattr(backend, "gguf", None)
+    if gguf is not None:
+        return shape_from_gguf(gguf).file_bytes or 0
+    return tensor_bytes(_weights(backend))
+
+
+def _weights(backend: object) -> object:
+    """What holds a backend's weights: its native weights, or the transformers model it runs."""
+    return getattr(backend, "weights", None) or getattr(backend, "model", None)
 
 
 def fit_advice(report: MemoryReport, budget: int, target: ModelShape, draft: ModelShape | None, backend: str,

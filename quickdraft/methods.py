@@ -23,7 +23,7 @@ from quickdraft.heads.export import is_export
 from quickdraft.heads.inference import draft_kernel, for_drafting
 from quickdraft.heads.store import head_folder, load_head
 from quickdraft.heads.train import read_config
-from quickdraft.models.layer_subset import decoder_layers, resolve_layers
+from quickdraft.models.layer_subset import resolve_layers
 from quickdraft.models.loading import LoadedModel, other_tokenizer
 from quickdraft.options import OPTION, OPTIONS, checked, parse_spec
 
@@ -118,7 +118,7 @@ def _build_draft(parts: Parts, config: MethodConfig) -> Drafter:
 
 def default_self_spec_layers(target: LoadedModel) -> int:
     """A quarter of the layers (at least 1): a cheap start; layers="auto" measures the best depth."""
-    return max(1, len(decoder_layers(target.model)) // 4)
+    return max(1, target.layers // 4)
 
 
 def _build_self_spec(parts: Parts, config: MethodConfig) -> Drafter:
@@ -126,7 +126,7 @@ def _build_self_spec(parts: Parts, config: MethodConfig) -> Drafter:
     if spec == "auto":
         raise QuickdraftError("layers='auto' is resolved by quickdraft.load (it calibrates); pass a depth here",
                               "layers")
-    layers = resolve_layers(parts.target.model, spec if isinstance(spec, int) else list(spec))
+    layers = resolve_layers(parts.target.layers, spec if isinstance(spec, int) else list(spec))
     return DraftModelDrafter(parts.backend_for(parts.target, layers), config.confidence)
 
 

@@ -47,7 +47,7 @@ def perturbed_copy(model: LlamaForCausalLM, noise: float, seed: int) -> LlamaFor
 
 
 def loaded(model: LlamaForCausalLM, name: str) -> LoadedModel:
-    return LoadedModel(model, None, name)
+    return LoadedModel.of(model, None, name)
 
 
 # The device-independent tests run on every device this machine has: the CPU always, CUDA where

@@ -44,8 +44,8 @@ def pair():
                 for rows, source in ((draft.model.embed_tokens.weight, target.model.embed_tokens.weight),
                                      (draft.lm_head.weight, target.lm_head.weight)):
                     rows[token] = source[TARGET_VOCAB[name]] + 0.05 * torch.randn(rows.shape[1], generator=generator)
-    return (LoadedModel(target, bpe(TARGET_VOCAB, TARGET_MERGES), "target"),
-            LoadedModel(draft, bpe(DRAFT_VOCAB, DRAFT_MERGES), "draft"))
+    return (LoadedModel.of(target, bpe(TARGET_VOCAB, TARGET_MERGES), "target"),
+            LoadedModel.of(draft, bpe(DRAFT_VOCAB, DRAFT_MERGES), "draft"))
 
 
 def test_tokens_are_matched_by_the_bytes_they_spell(pair):

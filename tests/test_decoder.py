@@ -80,9 +80,9 @@ class FakeTokenizer:
 
 
 def test_same_size_but_different_tokens_is_another_vocabulary(tiny_target, tiny_draft):
-    target = LoadedModel(tiny_target, FakeTokenizer({"a": 0, "b": 1}), "t")
-    assert not same_vocabulary(target, LoadedModel(tiny_draft, FakeTokenizer({"a": 1, "b": 0}), "d"))
-    assert same_vocabulary(target, LoadedModel(tiny_draft, FakeTokenizer({"a": 0, "b": 1}), "d"))
+    target = LoadedModel.of(tiny_target, FakeTokenizer({"a": 0, "b": 1}), "t")
+    assert not same_vocabulary(target, LoadedModel.of(tiny_draft, FakeTokenizer({"a": 1, "b": 0}), "d"))
+    assert same_vocabulary(target, LoadedModel.of(tiny_draft, FakeTokenizer({"a": 0, "b": 1}), "d"))
 
 
 def test_streaming_yields_every_step(decoder):

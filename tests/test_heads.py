@@ -146,7 +146,7 @@ def test_batched_features_equal_one_example_a_pass(tiny_target, tmp_path):
 def test_distilled_answers_are_kept_per_prompt_and_only_new_prompts_run(tiny_target, tmp_path):
     generator = torch.Generator().manual_seed(1)
     sequences = [(torch.randint(1, 32, (5,), generator=generator).tolist() + [0, 0], 5) for _ in range(6)]
-    target = LoadedModel(tiny_target, IdTokenizer(), "tiny")
+    target = LoadedModel.of(tiny_target, IdTokenizer(), "tiny")
     answered = distilled(target, sequences[:4], 6, tmp_path, progress=False, batch=2)
     expected = regenerate(tiny_target, [(ids[:5], 5) for ids, _ in sequences], 0, [], 6, progress=False)
     assert answered == expected[:4]

@@ -41,12 +41,14 @@ def early_layers_draft(default) -> LoadedModel:
     config.num_hidden_layers = 6
     draft = LlamaForCausalLM(config).eval()
     draft.load_state_dict(target.state_dict(), strict=False)
-    return LoadedModel(draft, default.tokenizer, "first-6-layers")
+    return LoadedModel.of(draft, default.tokenizer, "first-6-layers")
 
 
-def test_default_loads_from_the_conversion_cache(default):
-    converted = list((default_cache_dir() / "converted").glob(default_gguf_path().stem + "-*"))
-    assert converted and (converted[0] / "model.safetensors").is_file()
+def test_default_loads_with_only_its_tokenizer_cached(default):
+    tokenizers = list((default_cache_dir() / "tokenizers").glob(default_gguf_path().stem + "-*"))
+    assert tokenizers and (tokenizers[0] / "tokenizer_config.json").is_file()
+    assert not (default_cache_dir() / "converted").exists() or not any((default_cache_dir() / "converted").glob(
+        default_gguf_path().stem + "-*"))
     assert default.target.name == "SmolLM2-135M-Instruct"
     assert default.tokenizer.chat_template
 
@@ -187,15 +189,17 @@ def test_bench_command_on_the_default_target(tmp_path, capsys):
 
 def test_gguf_4_bit_blocks_are_exactly_the_loaded_weights(default):
     """The int4 backend takes the file's own Q4_1 blocks; they dequantize to the very weights
-    transformers loaded (including its q/k row permutation)."""
-    from quickdraft.models.gguf_blocks import read_int4_blocks
+    transformers loads (including its q/k row permutation), and to what the source reads."""
     from quickdraft.models.quantize import dequantize_int4
 
-    blocks = read_int4_blocks(default.target.gguf, default.target.model)
+    source = default.target.weights
     state = default.target.model.state_dict()
-    assert len(blocks) == 7 * default.target.model.config.num_hidden_layers  # every layer matrix is Q4_1
+    blocks = {name: source.int4_blocks(name) for name in source.names()}
+    blocks = {name: weight for name, weight in blocks.items() if weight is not None}
+    assert len(blocks) == 7 * default.target.layers  # every layer matrix is Q4_1
     for name, weight in blocks.items():
         assert torch.equal(dequantize_int4(weight), state[name]), name
+        assert torch.equal(source.get(name), state[name]), name
 
 
 @pytest.mark.parametrize("precision, max_kl", [("bf16", 0.01), ("int8", 0.03), ("int4", 0.02)])

@@ -64,3 +64,10 @@ def test_an_unknown_tensor_type_names_the_tensor(random_ggufs, tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(QuickdraftError, match=r"odd.gguf: tensor output_norm.weight has ggml type 99"):
         load_model(str(path), cache_dir=tmp_path / "cache")
+
+
+def test_a_hub_id_that_cannot_be_fetched_is_a_one_line_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub client's own switch: no network in the test
+    with pytest.raises(QuickdraftError, match="could not load model 'no-such-owner/no-such-model'") as info:
+        load_model("no-such-owner/no-such-model")
+    assert "\n" not in str(info.value)

@@ -94,8 +94,8 @@ def test_speculation_on_the_native_backend_equals_plain_transformers_decoding(ti
 
 def test_unsupported_architecture_falls_back_or_is_refused():
     config = GPT2Config(vocab_size=32, n_embd=16, n_layer=1, n_head=2, n_positions=64)
-    gpt2 = LoadedModel(GPT2LMHeadModel(config).eval(), None, "gpt2-tiny")
-    assert not supports(gpt2.model)
+    gpt2 = LoadedModel.of(GPT2LMHeadModel(config).eval(), None, "gpt2-tiny")
+    assert not supports(gpt2.config)
     assert isinstance(make_backend(gpt2, "auto"), HFBackend)
     with pytest.raises(QuickdraftError, match="native backend supports"):
         make_backend(gpt2, "native")
@@ -190,7 +190,7 @@ def test_gemma3_logits_equal_transformers_across_the_sliding_window():
 
 def test_gemma3_speculation_equals_plain_greedy_and_transformers():
     model = tiny_gemma3()
-    target = LoadedModel(model, None, "gemma")
+    target = LoadedModel.of(model, None, "gemma")
     plain = Decoder(target, None, "none", measure_shapes=False)
     assert plain.backend_kind == "native"
     prompt = [5, 9, 9, 2, 7, 1, 5, 9]
@@ -206,8 +206,8 @@ def test_gemma3_speculation_equals_plain_greedy_and_transformers():
 def test_gemma3_below_fp32_and_on_the_static_backend_is_refused_or_goes_to_transformers():
     model = tiny_gemma3()
     with pytest.raises(QuickdraftError, match="Gemma 3 runs on the native backend at fp32"):
-        Decoder(LoadedModel(model, None, "gemma"), None, "none", backend="native", precision="bf16",
+        Decoder(LoadedModel.of(model, None, "gemma"), None, "none", backend="native", precision="bf16",
                 measure_shapes=False)
     with pytest.raises(QuickdraftError, match="static backend supports"):
-        Decoder(LoadedModel(model, None, "gemma"), None, "none", backend="static", measure_shapes=False)
-    assert supports(model) and supports(model, "fp32") and not supports(model, "bf16")
+        Decoder(LoadedModel.of(model, None, "gemma"), None, "none", backend="static", measure_shapes=False)
+    assert supports(model.config) and supports(model.config, "fp32") and not supports(model.config, "bf16")

@@ -6,7 +6,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from quickdraft.models.gguf_blocks import unpack_q4_blocks
+from quickdraft.models.gguf_blocks import unpack_int4_blocks
 from quickdraft.models.quantize import (
     dequantize_int4,
     dequantize_int8,
@@ -82,7 +82,19 @@ def test_int4_falls_back_to_int8_where_its_kernel_cannot_go():
 def test_gguf_4_bit_blocks_map_onto_int4_exactly(kind):
     w = weight(out_features=16, in_features=128).numpy()
     raw = quantize(w, kind)  # [16, 4 blocks * bytes]
-    mapped = unpack_q4_blocks(raw, kind)
+    mapped = unpack_int4_blocks(raw, kind)
     assert mapped.group == 32 and mapped.q.shape == (16, 128)
     # Our (q - 8) * scale + zero reproduces gguf's own dequantisation to fp32 rounding.
     np.testing.assert_allclose(dequantize_int4(mapped).numpy(), dequantize(raw, kind), rtol=0, atol=1e-6)
+
+
+def test_q4_k_super_blocks_map_onto_int4_exactly():
+    rng = np.random.default_rng(0)  # test-only: arbitrary bytes are valid Q4_K blocks, but for d and dmin
+    raw = rng.integers(0, 256, (8, 2, 144), dtype=np.uint8)  # 8 rows of 512 weights
+    raw[..., 0:2] = np.full((8, 2, 1), 0.01, dtype=np.float16).view(np.uint8)
+    raw[..., 2:4] = np.full((8, 2, 1), 0.003, dtype=np.float16).view(np.uint8)
+    raw = raw.reshape(8, -1)
+    mapped = unpack_int4_blocks(raw, GGMLQuantizationType.Q4_K)
+    assert mapped.group == 32 and mapped.q.shape == (8, 512)
+    np.testing.assert_allclose(dequantize_int4(mapped).numpy(), dequantize(raw, GGMLQuantizationType.Q4_K),
+                               rtol=0, atol=1e-5)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from gguf import GGMLQuantizationType
 
+from quickdraft.backends.base import SeqPass
 from quickdraft.backends.llama_cpp import LlamaCppBackend, llama_cpp_installed
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.gguf_convert import read_table
@@ -57,5 +58,22 @@ def test_f16_files_keep_norms_in_f32_and_bad_dtypes_are_refused(tmp_path):
     kinds = {t.name: t.kind for t in tensors}
     assert metadata["general.file_type"] == 1 and kinds["blk.0.attn_q.weight"] == GGMLQuantizationType.F16
     assert kinds["blk.0.attn_norm.weight"] == GGMLQuantizationType.F32
-    with pytest.raises(QuickdraftError, match="F32 or F16"):
+    with pytest.raises(QuickdraftError, match="F32, F16 or Q4_0"):
         random_gguf(default_gguf_path(), tmp_path / "x.gguf", shape, dtype="BF16")
+
+
+def test_q4_0_files_are_written_as_blocks_with_the_asked_spread(tmp_path):
+    shape = GgufShape(hidden=256, layers=1, ffn=512, heads=4, kv_heads=2, head_dim=64)
+    path = random_gguf(default_gguf_path(), tmp_path / "q4.gguf", shape, dtype="Q4_0")
+    metadata, tensors = read_table(path)
+    by_name = {t.name: t for t in tensors}
+    assert metadata["general.file_type"] == 2
+    assert by_name["blk.0.ffn_up.weight"].kind == GGMLQuantizationType.Q4_0
+    assert by_name["blk.0.ffn_up.weight"].shape == (512, 256)
+    assert by_name["blk.0.attn_norm.weight"].kind == GGMLQuantizationType.F32
+    values = by_name["blk.0.ffn_up.weight"].values()  # ~ N(0, 1/256) in spread, as the float files are
+    assert abs(values.std() * 256 ** 0.5 - 1) < 0.05
+    if llama_cpp_installed():  # llama.cpp loads it and computes finite logits
+        backend = LlamaCppBackend(path, "q4")
+        logits = backend.forward([SeqPass(backend.new_cache(), [1, 2, 3])])[0].logits
+        assert logits.isfinite().all()

@@ -54,7 +54,7 @@ def test_self_spec_greedy_equals_plain(deep_target, layers, k, runner):
                                              ([0, 9], "within")])
 def test_bad_layer_choices_are_refused(deep_target, layers, message):
     with pytest.raises(QuickdraftError, match=message):
-        resolve_layers(deep_target, layers)
+        resolve_layers(deep_target.config.num_hidden_layers, layers)
     with pytest.raises(QuickdraftError, match=message):
         Decoder(loaded(deep_target, "t"), None, "self-spec", 3, layers=layers)
 

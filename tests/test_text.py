@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -62,13 +60,6 @@ def byte_fallback_bpe() -> Tokenizer:
     return tokenizer
 
 
-def default_target_tokenizer() -> Tokenizer | None:
-    """The embedded default target's tokenizer (SmolLM2, byte-level BPE) from the converted GGUF cache."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    found = sorted((base / "quickdraft" / "converted").glob("SmolLM2-135M-Instruct*/tokenizer.json"))
-    return Tokenizer.from_file(str(found[0])) if found else None
-
-
 def decoder_of(tokenizer: Tokenizer) -> Decode:
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
 
@@ -97,10 +88,10 @@ def byte_fallback() -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def smollm2() -> Tokenizer:
-    tokenizer = default_target_tokenizer()
-    if tokenizer is None:
-        pytest.skip("the default target's converted tokenizer is not cached")
-    return tokenizer
+    """The embedded default target's tokenizer (SmolLM2, byte-level BPE), read from its GGUF file."""
+    from quickdraft.models.loading import load_model
+
+    return load_model(None).tokenizer.backend_tokenizer
 
 
 # --- helpers ------------------------------------------------------------------------------------------

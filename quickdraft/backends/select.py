@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import torch
+from transformers import PretrainedConfig
 
 from quickdraft.backends.base import Backend
 from quickdraft.backends.choice import BackendChoice, Timings, cached_backend_choice, observe, time_pairs
@@ -23,8 +24,8 @@ from quickdraft.backends.shapes import (
     measure_row_plan,
 )
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.gguf_blocks import cached_int4_blocks
 from quickdraft.models.layer_subset import layer_subset_model
+from quickdraft.memory import GIB, available_memory, backend_weight_bytes, human, shape_from_config
 from quickdraft.models.loading import LoadedModel, default_cache_dir, file_key
 from quickdraft.models.native import GEMMA3, SUPPORTED_ARCHITECTURES, NativeWeights, supports
 from quickdraft.models.precision import PRECISIONS, get_precision
@@ -39,6 +40,12 @@ STATIC_GRID = (1, 2, 4, 8, 16, 32, 64)  # pass sizes timed on the static backend
 # (PyTorch's int4 kernel takes rows four at a time: 5 rows cost about what 8 do).
 NATIVE_COST_GRID = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 DEVICES = ("auto", "cpu", "cuda")
+# auto times llama.cpp against a native fp32 copy of a GGUF target (built for the timing) only when
+# that copy is small: at most TIMED_NATIVE_BYTES and TIMED_NATIVE_SHARE of the free memory. A larger
+# copy reads over 2 GiB a token, which no CPU's bandwidth turns into a win over the file's own
+# 4- to 8-bit types, and building it costs more than the timing can save.
+TIMED_NATIVE_BYTES = 2 << 30
+TIMED_NATIVE_SHARE = 0.5
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -98,18 +105,19 @@ def resolve_kind(loaded: LoadedModel, kind: str, precision: str | None, device: 
     static (fixed shapes, CUDA graphs) where the architecture is supported and the precision dense;
     llama.cpp for a GGUF target when llama-cpp-python is installed, no native precision was asked
     for, the device is the CPU, unless native measured clearly faster (backends/choice.py: paired
-    one-token passes, once per machine and file, kept); else native where the architecture is supported;
+    one-token passes, once per machine and file, kept; timed only where a native fp32 copy is
+    small, see timed_against_native); else native where the architecture is supported;
     else hf. inner_layers: the method reads inner layers' states (EAGLE-3), which llama.cpp does
     not return: auto passes it by, and asking for it is refused."""
     check_backend_kind(kind)
     device = resolve_device(device)
-    if kind == STATIC or (kind == "auto" and device.type == "cuda" and static_supports(loaded.model)
+    if kind == STATIC or (kind == "auto" and device.type == "cuda" and static_supports(loaded.config)
                           and precision in (None, "fp32", "bf16")):
         check_precision(precision or default_precision(device), STATIC)
-        if not static_supports(loaded.model):
+        if not static_supports(loaded.config):
             raise QuickdraftError(f"the static backend supports "
                                   f"{', '.join(a for a in SUPPORTED_ARCHITECTURES if a != GEMMA3)}; "
-                                  f"{loaded.name!r} is {loaded.model.config.model_type!r}")
+                                  f"{loaded.name!r} is {loaded.config.model_type!r}")
         return STATIC
     if kind == LLAMA_CPP or precision == GGUF:
         if inner_layers:
@@ -118,12 +126,14 @@ def resolve_kind(loaded: LoadedModel, kind: str, precision: str | None, device: 
         check_precision(precision or GGUF, kind)
         check_llama_cpp(loaded, device)
         return LLAMA_CPP
-    if (kind == "auto" and precision is None and measure and loaded.gguf is not None and device.type == "cpu"
+    if (kind == "auto" and precision is None and loaded.gguf is not None and device.type == "cpu"
             and llama_cpp_installed() and not inner_layers):
+        if not timed_against_native(loaded):
+            return LLAMA_CPP
         key = ("auto", str(device))
-        if key not in loaded.backends:
+        if measure and key not in loaded.backends:
             loaded.backends[key] = _choose_llama_cpp(loaded, device, cache_dir)
-        if loaded.backends[key].llama_cpp:
+        if measure and loaded.backends[key].llama_cpp:
             return LLAMA_CPP
     return "native" if uses_native(loaded, kind, precision or default_precision(device)) else "hf"
 
@@ -148,14 +158,30 @@ def backend_reason(loaded: LoadedModel, kind: str, precision: str | None, device
         why = "llama-cpp-python is not installed"
     elif inner_layers:
         why = "the EAGLE-3 head reads inner layers, which llama.cpp does not return"
+    elif chosen == LLAMA_CPP:
+        return (f"llama.cpp: a GGUF file, not timed against native: a native fp32 copy would take "
+                f"{human(native_fp32_bytes(loaded))}, over {human(TIMED_NATIVE_BYTES)} or half the memory free")
     else:
         why = "backend timing is off (measure_shapes=False)"
     return f"{chosen}: {why}" + ("" if chosen == "native" else "; the native backend does not support it")
 
 
-def static_supports(model) -> bool:
+def static_supports(config: PretrainedConfig) -> bool:
     """The static backend: the native architectures but Gemma 3 (its fixed-shape attention has no windows yet)."""
-    return supports(model) and model.config.model_type != GEMMA3
+    return supports(config) and config.model_type != GEMMA3
+
+
+def timed_against_native(loaded: LoadedModel) -> bool:
+    """Whether auto times llama.cpp against a native fp32 copy of `loaded` (which it builds for the
+    timing): when the copy is small (TIMED_NATIVE_BYTES); else a GGUF file runs
+    on llama.cpp untimed (its own kernels over the file's own types)."""
+    size = native_fp32_bytes(loaded)
+    return size <= TIMED_NATIVE_BYTES and size <= TIMED_NATIVE_SHARE * available_memory()
+
+
+def native_fp32_bytes(loaded: LoadedModel) -> int:
+    """What the native backend's fp32 weights of `loaded` take on this CPU (memory.py's plan)."""
+    return backend_weight_bytes(shape_from_config(loaded.config), "native", "fp32")
 
 
 def choice_signature(gguf: Path, precision: str) -> dict:
@@ -171,7 +197,7 @@ def _choose_llama_cpp(loaded: LoadedModel, device: torch.device, cache_dir: str 
 
     def paired() -> Timings:
         fast = make_backend(loaded, LLAMA_CPP, GGUF, str(device), cache_dir=cache_dir)
-        weights = NativeWeights.from_model(loaded.model, precision, device=device)
+        weights = NativeWeights.from_source(loaded.config, loaded.weights, precision, device=device)
         native = NativeBackend(weights, loaded.name, loaded.tokenizer, loaded.eos_ids)
         print("quickdraft: timing llama.cpp against the native backend (once per machine and file)", file=sys.stderr)
         return time_pairs(fast, native, torch.get_num_threads())
@@ -198,10 +224,10 @@ def observe_passes(loaded: LoadedModel, device: str | torch.device, cache_dir: s
 def uses_native(loaded: LoadedModel, kind: str, precision: str | None = None) -> bool:
     """auto: native when the architecture is supported (at `precision`); native: required; hf: never."""
     check_backend_kind(kind)
-    if kind == "native" and not supports(loaded.model):
+    if kind == "native" and not supports(loaded.config):
         raise QuickdraftError(f"the native backend supports {', '.join(SUPPORTED_ARCHITECTURES)}; "
-                              f"{loaded.name!r} is {loaded.model.config.model_type!r} (use backend='hf')")
-    return kind == "native" or (kind == "auto" and supports(loaded.model, precision))
+                              f"{loaded.name!r} is {loaded.config.model_type!r} (use backend='hf')")
+    return kind == "native" or (kind == "auto" and supports(loaded.config, precision))
 
 
 def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32", device: str = "cpu",
@@ -239,7 +265,7 @@ def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32
     else:
         if precision != "fp32":
             raise QuickdraftError(f"precision {precision} needs the native backend, which does not support "
-                                  f"{loaded.model.config.model_type!r}")
+                                  f"{loaded.config.model_type!r}")
         if device.type != "cpu":
             loaded.model.to(device)  # transformers runs the model where its weights are
         if layers is not None:
@@ -261,7 +287,7 @@ def _llama_cpp_backend(loaded: LoadedModel, device: torch.device, layers: list[i
     (fp32 for an architecture it runs at fp32 only, Gemma 3: a drafter's precision is not exactness)."""
     gguf = check_llama_cpp(loaded, device)
     if layers is not None:
-        precision = "int4" if supports(loaded.model, "int4") else "fp32"
+        precision = "int4" if supports(loaded.config, "int4") else "fp32"
         return make_backend(loaded, "native", precision, str(device), layers, measure, cache_dir)
     threads = torch.get_num_threads()
     key = (LLAMA_CPP, threads)
@@ -299,18 +325,15 @@ def shapes_folder(cache_dir: str | os.PathLike | None) -> Path:
 
 def native_weights(loaded: LoadedModel, precision: str, device: torch.device,
                    shapes: Path | None = None, dense: str = "bf16") -> NativeWeights:
-    """Weights at `precision` on `device`, extracted once; int4 from a GGUF file takes the file's own
-    4-bit blocks. shapes: where measured kernel choices live (bf16 on a CPU: multiplied as bf16 or
+    """Weights at `precision` on `device`, read once from the model's source; int4 from a GGUF file
+    takes the file's own 4-bit blocks. shapes: where measured kernel choices live (bf16 on a CPU: multiplied as bf16 or
     widened to fp32, whichever this machine does faster); None: `dense` (see NativeWeights.from_model)."""
     if shapes is not None and precision == "bf16" and device.type == "cpu":
-        dense = measure_dense_kernel(loaded.model, shapes)
+        dense = measure_dense_kernel(loaded.tensor, shapes)
     key = (precision, str(device), dense)
     if key not in loaded.native:
-        blocks = None
-        if precision == "int4" and loaded.gguf is not None and loaded.converted is not None:
-            blocks = cached_int4_blocks(loaded.gguf, loaded.model, loaded.converted / "int4_blocks.safetensors")
-        loaded.native[key] = NativeWeights.from_model(loaded.model, precision, int4_blocks=blocks, device=device,
-                                                      dense_kernel=dense)
+        loaded.native[key] = NativeWeights.from_source(loaded.config, loaded.weights, precision, device=device,
+                                                       dense_kernel=dense, progress=loaded.weights.nbytes() > GIB)
     return loaded.native[key]
 
 

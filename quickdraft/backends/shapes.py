@@ -176,14 +176,14 @@ def measure_pad_plan(backend, folder: Path | None, progress: bool = True) -> dic
     return {int(n): int(size[0]) for n, size in choice.items() if size[0] > int(n)}
 
 
-def measure_dense_kernel(model, folder: Path | None, progress: bool = True) -> str:
+def measure_dense_kernel(tensor: Callable[[str], torch.Tensor], folder: Path | None, progress: bool = True) -> str:
     """"bf16" or "fp32": how this machine multiplies bf16 weights faster (natively, or widened to
-    fp32; see models/linear.py ColumnLinear), timed on the first layer's matrices at 16 rows."""
+    fp32; see models/linear.py ColumnLinear), timed on the first layer's matrices at 16 rows.
+    tensor: a weight by its transformers name (LoadedModel.tensor)."""
     from quickdraft.models.linear import ColumnLinear
 
-    layer = model.model.layers[0]
-    matrices = [layer.self_attn.q_proj.weight, layer.self_attn.o_proj.weight, layer.mlp.gate_proj.weight,
-                layer.mlp.down_proj.weight]
+    matrices = [tensor(f"model.layers.0.{name}.weight")
+                for name in ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")]
     signature = {"backend": "native", "dense": "bf16", "shapes": [list(m.shape) for m in matrices]}
 
     def measure() -> str:

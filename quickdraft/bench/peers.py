@@ -10,7 +10,6 @@ from pathlib import Path
 import torch
 
 from quickdraft.bench.contenders import BASELINE, RunRecord
-from quickdraft.models.layer_subset import decoder_layers
 from quickdraft.models.loading import LoadedModel, other_tokenizer
 
 PROMPT_LOOKUP_TOKENS = 10  # what transformers' docs and llama-cpp-python's examples use
@@ -44,7 +43,7 @@ class TransformersGenerate:
 def transformers_peers(target: LoadedModel, draft: LoadedModel | None, eos_ids: frozenset[int],
                        early_exit_layers: int | None = None) -> list[TransformersGenerate]:
     """Plain generate, its prompt lookup, its assisted generation (with a draft) and early exit."""
-    layers = early_exit_layers or max(1, len(decoder_layers(target.model)) // 4)
+    layers = early_exit_layers or max(1, target.layers // 4)
     peers = [
         TransformersGenerate("transformers generate", target, eos_ids),
         TransformersGenerate(f"transformers prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS}", target, eos_ids,

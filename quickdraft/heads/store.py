@@ -14,6 +14,7 @@ from quickdraft.heads.export import export_summary, is_export, read_export
 from quickdraft.heads.medusa import MedusaHeads
 from quickdraft.heads.train import CONFIG_FILE, HEADS_FILE, load_eagle, load_medusa, read_config
 from quickdraft.models.loading import LoadedModel
+from quickdraft.models.weights import EMBED, LM_HEAD
 
 SHIPPED = Path(__file__).parent / "shipped"  # SHIPPED / <target name> / <kind> / heads.safetensors
 
@@ -29,13 +30,13 @@ def head_folder(kind: str, target: LoadedModel, path: str | Path | None) -> Path
             f"no {kind} head is shipped for {target.name!r}; train one with `quickdraft train {kind} "
             f"--target ... --data ... --output DIR` and pass head=DIR (--head DIR)")
     config = export_summary(folder) if exported else read_config(folder)
-    lm_head = target.model.get_output_embeddings().weight
+    shape = (target.vocab_size, int(target.config.hidden_size))
     if config.get("kind") != kind:
         raise QuickdraftError(f"{folder} holds a {config.get('kind')!r} head, not {kind!r}")
-    if (config["vocab"], config["hidden"]) != tuple(lm_head.shape):
+    if (config["vocab"], config["hidden"]) != shape:
         raise QuickdraftError(
             f"the {kind} head in {folder} was trained for {config.get('target')!r} (vocabulary {config['vocab']}, "
-            f"hidden size {config['hidden']}); {target.name!r} has {lm_head.shape[0]} and {lm_head.shape[1]}")
+            f"hidden size {config['hidden']}); {target.name!r} has {shape[0]} and {shape[1]}")
     return folder
 
 
@@ -44,13 +45,13 @@ def load_head(kind: str, target: LoadedModel, path: str | Path | None,
     """The head, over the target's LM head sliced to the head's draft vocabulary, or over all of
     it with full_vocab (the head's layers predict states, not ids, so either works)."""
     folder = head_folder(kind, target, path)
-    lm_head = target.model.get_output_embeddings().weight.detach()
+    lm_head = target.tensor(LM_HEAD).float()
     if kind == "medusa":
         head = load_medusa(folder, lm_head)
     elif is_export(folder):
-        head = read_export(folder, target.model.get_input_embeddings().weight.detach())
+        head = read_export(folder, target.tensor(EMBED).float())
     else:
-        head = load_eagle(folder, lm_head, target.model.get_input_embeddings().weight.detach())
+        head = load_eagle(folder, lm_head, target.tensor(EMBED).float())
     if full_vocab:
         if isinstance(head, Eagle3Head):
             raise QuickdraftError(f"the EAGLE-3 head in {folder} has its own LM head over {len(head.vocab)} tokens; "

@@ -26,9 +26,9 @@ def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
     return layers
 
 
-def resolve_layers(model: PreTrainedModel, layers: int | list[int]) -> list[int]:
-    """An int L means the first L layers; a list names the layers to keep (0 must be kept)."""
-    total = len(decoder_layers(model))
+def resolve_layers(total: int, layers: int | list[int]) -> list[int]:
+    """Of a model with `total` layers: an int L means the first L layers; a list names the layers
+    to keep (0 must be kept)."""
     chosen = list(range(layers)) if isinstance(layers, int) else sorted(set(int(i) for i in layers))
     if not chosen or chosen[-1] >= total or chosen[0] < 0:
         raise QuickdraftError(f"self-speculation layers must be within 0..{total - 1}, got {layers}")

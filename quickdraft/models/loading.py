@@ -1,8 +1,10 @@
 """Load a target or draft model from a hub id, a local folder, a GGUF file, or a loaded model.
 
-GGUF files are de-quantized once (models/gguf_convert.py: transformers' conversion with the
-metadata read once), then cached as safetensors so the next start takes about a second.
-Every failure becomes a one-line QuickdraftError.
+A loaded model is its config, its tokenizer and a weight source (models/weights.py): backends read
+the weights from the file tensor by tensor, and llama.cpp opens a GGUF file itself. The
+transformers model is built only when something asks for it (the hf backend, head training,
+transformers peers). A GGUF file's tokenizer is built once from its metadata and cached (seconds
+for Gemma 3's 262,144 tokens). Every failure becomes a one-line QuickdraftError.
 """
 
 from __future__ import annotations
@@ -10,18 +12,19 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import transformers
-from safetensors.torch import save_model
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    GenerationConfig,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -29,31 +32,67 @@ from transformers import (
 from quickdraft.errors import QuickdraftError
 from quickdraft.models import gguf_convert
 from quickdraft.models.embedded import DEFAULT_NAME, default_gguf_path
+from quickdraft.models.weights import (GgufWeights, ModuleWeights, SafetensorsWeights, WeightSource, check_shapes,
+                                      tensor_or_tied)
 
 ModelSource = str | os.PathLike | PreTrainedModel | None
 
 
 @dataclass
 class LoadedModel:
-    """A causal LM ready to run, with its tokenizer when one could be found."""
+    """A causal LM ready to run: its config, its tokenizer when one could be found, and where its
+    weights are read from."""
 
-    model: PreTrainedModel
+    config: PretrainedConfig
     tokenizer: PreTrainedTokenizerBase | None
     name: str
-    gguf: Path | None = None  # the GGUF file it came from, if any (llama.cpp can run the same file)
-    converted: Path | None = None  # the cache folder of its converted weights, if any
+    weights: WeightSource
+    gguf: Path | None = None  # the GGUF file it came from, if any (llama.cpp runs it as it is)
+    build: Callable[[], PreTrainedModel] | None = field(default=None, repr=False)  # makes `model`
+    generation: GenerationConfig | None = field(default=None, repr=False)
     # What is derived from the model once per process and shared by every decoder over it:
     # backends by (kind, precision, device, layers), native weights by (precision, device),
     # trained heads by (kind, folder, full vocabulary, device).
     backends: dict = field(default_factory=dict, repr=False)
     native: dict = field(default_factory=dict, repr=False)
     heads: dict = field(default_factory=dict, repr=False)
+    built: PreTrainedModel | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, name: str) -> LoadedModel:
+        """A transformers model already in memory (its parameters are the weight source)."""
+        model.eval()
+        return cls(model.config, tokenizer, name, ModuleWeights(model),
+                   generation=getattr(model, "generation_config", None), built=model)
+
+    @property
+    def model(self) -> PreTrainedModel:
+        """The transformers model, built from the source on first use (fp32): only the hf backend,
+        head training and transformers peers ask for it."""
+        if self.built is None:
+            if self.build is None:
+                raise QuickdraftError(f"{self.name!r} has no transformers model to build")
+            self.built = self.build().eval()
+        return self.built
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """One weight by its transformers name, from the source (a tied LM head is the embedding)."""
+        return tensor_or_tied(self.weights, self.config, name)
+
+    @property
+    def layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def vocab_size(self) -> int:
+        """Logits per position (the LM head's rows)."""
+        return int(self.config.vocab_size)
 
     @property
     def eos_ids(self) -> frozenset[int]:
         """Every id that ends generation: from the config, the generation config and the tokenizer."""
         ids: set[int] = set()
-        for source in (self.model.config, getattr(self.model, "generation_config", None)):
+        for source in (self.config, self.generation):
             value = getattr(source, "eos_token_id", None) if source is not None else None
             if isinstance(value, int):
                 ids.add(value)
@@ -65,7 +104,7 @@ class LoadedModel:
 
 
 def default_cache_dir() -> Path:
-    """Where converted weights live: $XDG_CACHE_HOME/quickdraft or ~/.cache/quickdraft."""
+    """Where cached tokenizers and measured pass shapes live: $XDG_CACHE_HOME/quickdraft or ~/.cache/quickdraft."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "quickdraft"
 
@@ -76,14 +115,15 @@ def load_model(
     cache_dir: str | os.PathLike | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> LoadedModel:
-    """Load `source` (None means the embedded default target) as a LoadedModel."""
+    """Load `source` (None means the embedded default target) as a LoadedModel. dtype: of the
+    transformers model, when one is built."""
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if source is None:
         loaded = _load_gguf(default_gguf_path(), cache, dtype)
         loaded.name = DEFAULT_NAME
         return loaded
     if isinstance(source, PreTrainedModel):
-        return LoadedModel(source.eval(), tokenizer or _tokenizer_for(source), _model_name(source))
+        return LoadedModel.of(source, tokenizer or _tokenizer_for(source), _model_name(source))
     if not isinstance(source, (str, os.PathLike)):
         raise QuickdraftError(
             f"a model must be a hub id, a path or a transformers model, not {type(source).__name__}"
@@ -102,7 +142,7 @@ def _load_path_or_id(source: str, cache: Path, dtype: torch.dtype) -> LoadedMode
         return _load_gguf(path, cache, dtype)
     if path.is_dir():
         if (path / "config.json").is_file():
-            return _from_pretrained(str(path), dtype, path.name)
+            return _load_folder(path, dtype, path.name)
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return _load_gguf(ggufs[0], cache, dtype)
@@ -110,7 +150,7 @@ def _load_path_or_id(source: str, cache: Path, dtype: torch.dtype) -> LoadedMode
         raise QuickdraftError(f"model folder {source} has {what}")
     if _looks_like_path(source):
         raise QuickdraftError(f"model not found: no such file or folder {source}")
-    return _from_pretrained(source, dtype, source)
+    return _load_hub(source, dtype)
 
 
 def _looks_like_path(source: str) -> bool:
@@ -123,60 +163,105 @@ def _looks_like_path(source: str) -> bool:
     )
 
 
-def _from_pretrained(name_or_path: str, dtype: torch.dtype, name: str) -> LoadedModel:
+def _load_hub(model_id: str, dtype: torch.dtype) -> LoadedModel:
+    """A hub id: its files fetched (or found in the hub cache) into a folder, then loaded as one."""
+    from huggingface_hub import snapshot_download
+
+    files = ["*.json", "*.model", "*.txt", "*.jinja"]  # config, tokenizer and chat template files
     try:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
+        folder = Path(snapshot_download(model_id, allow_patterns=[*files, "*.safetensors"]))
+        if not any(folder.glob("*.safetensors")):  # an older checkpoint: PyTorch weight files only
+            folder = Path(snapshot_download(model_id, allow_patterns=[*files, "*.bin"]))
+    except Exception as error:  # the hub client raises many types: offline, unknown id, gated
+        raise QuickdraftError(f"could not load model {model_id!r}: {_first_line(error)}") from error
+    return _load_folder(folder, dtype, model_id)
+
+
+def _load_folder(folder: Path, dtype: torch.dtype, name: str) -> LoadedModel:
+    """A transformers folder: safetensors are read in place; other weight files (.bin) are loaded
+    by transformers."""
+    try:
+        config = AutoConfig.from_pretrained(folder)
     except (OSError, ValueError, KeyError) as error:
-        raise QuickdraftError(f"could not load model {name_or_path!r}: {_first_line(error)}") from error
+        raise QuickdraftError(f"could not load model {str(folder)!r}: {_first_line(error)}") from error
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError, KeyError, TypeError):
         tokenizer = None
-    return LoadedModel(model.eval(), tokenizer, name)
+    try:
+        generation = GenerationConfig.from_pretrained(folder)
+    except OSError:
+        generation = None
+
+    def build() -> PreTrainedModel:
+        try:
+            return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        except (OSError, ValueError, KeyError) as error:
+            raise QuickdraftError(f"could not load model {str(folder)!r}: {_first_line(error)}") from error
+
+    if not any(folder.glob("*.safetensors")):
+        loaded = LoadedModel.of(build(), tokenizer, name)
+        loaded.generation = generation or loaded.generation
+        return loaded
+    weights = SafetensorsWeights(folder)
+    check_shapes(config, weights, f"model folder {folder}")
+    return LoadedModel(config, tokenizer, name, weights, build=build, generation=generation)
 
 
 def _load_gguf(path: Path, cache: Path, dtype: torch.dtype) -> LoadedModel:
-    """De-quantize a GGUF file into a cached safetensors folder, then load that folder."""
-    converted = cache / "converted" / f"{path.stem}-{file_key(path)}"
-    if not (converted / "model.safetensors").is_file():
-        _convert_gguf(path, converted)
-    loaded = _from_pretrained(str(converted), dtype, path.stem)
-    loaded.gguf, loaded.converted = path, converted
-    return loaded
+    """A GGUF file: its config and tokenizer from its metadata (the tokenizer cached), its weights
+    read from the file when a backend asks; nothing de-quantized up front, nothing written but the
+    tokenizer."""
+    folder, name = str(path.parent), path.name
+    try:
+        fast = gguf_convert.fast_path(path)  # the file's metadata read once (seconds, not a minute for Gemma 3)
+        config = gguf_convert.read_config(path) if fast else AutoConfig.from_pretrained(folder, gguf_file=name)
+        weights = GgufWeights(path, config)
+        check_shapes(config, weights, f"GGUF file {path}")
+        tokenizer = _cached_tokenizer(path, config, fast, cache)
+    except QuickdraftError:
+        raise
+    except Exception as error:  # gguf's reader raises many types on a bad file
+        raise QuickdraftError(f"could not read GGUF file {path}: {_first_line(error)}") from error
+
+    def build() -> PreTrainedModel:
+        try:
+            if fast:
+                return gguf_convert.read_model(path, config).to(dtype)
+            return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=dtype)
+        except Exception as error:
+            raise QuickdraftError(f"could not read GGUF file {path}: {_first_line(error)}") from error
+
+    return LoadedModel(config, tokenizer, path.stem, weights, gguf=path, build=build,
+                       generation=GenerationConfig.from_model_config(config))
+
+
+def _cached_tokenizer(path: Path, config: PretrainedConfig, fast: bool, cache: Path) -> PreTrainedTokenizerBase:
+    """The GGUF file's tokenizer, built from its metadata on first use and kept as a folder."""
+    folder = cache / "tokenizers" / f"{path.stem}-{file_key(path)}"
+    if (folder / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(folder)
+    if fast:
+        tokenizer = gguf_convert.read_tokenizer(path, config)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+    try:
+        tokenizer.save_pretrained(staging)
+        if folder.exists():
+            shutil.rmtree(folder)
+        staging.rename(folder)  # atomic: a half-written cache is never seen
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return tokenizer
 
 
 def file_key(path: Path) -> str:
-    """Identifies a file's contents cheaply: its resolved path, size, mtime, and the converter."""
+    """Identifies a file's contents cheaply: its resolved path, size, mtime, and the reader."""
     stat = path.stat()
     text = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|transformers {transformers.__version__}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _convert_gguf(path: Path, target: Path) -> None:
-    print(f"quickdraft: converting {path.name} to safetensors (first use only), cache: {target}", file=sys.stderr)
-    folder, name = str(path.parent), path.name
-    try:
-        if gguf_convert.fast_path(path):  # the file's metadata read once (seconds, not a minute for Gemma 3)
-            config = gguf_convert.read_config(path)
-            tokenizer = gguf_convert.read_tokenizer(path, config)
-            model = gguf_convert.read_model(path, config)
-        else:
-            config = AutoConfig.from_pretrained(folder, gguf_file=name)
-            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=torch.float32)
-    except Exception as error:  # gguf's reader raises many types on a bad file
-        raise QuickdraftError(f"could not read GGUF file {path}: {_first_line(error)}") from error
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        save_model(model, str(staging / "model.safetensors"))  # handles tied embeddings
-        config.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)  # atomic: a half-written cache is never seen
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _tokenizer_for(model: PreTrainedModel) -> PreTrainedTokenizerBase | None:
@@ -208,8 +293,7 @@ def other_tokenizer(target: LoadedModel, draft: LoadedModel) -> bool:
 def same_vocabulary(target: LoadedModel, draft: LoadedModel) -> bool:
     """Whether the draft's token ids mean what the target's mean (else it drafts through the
     vocabularies' intersection, drafters/cross_vocab.py); refuses a pair that cannot be matched."""
-    target_size = target.model.get_output_embeddings().weight.shape[0]
-    draft_size = draft.model.get_output_embeddings().weight.shape[0]
+    target_size, draft_size = target.vocab_size, draft.vocab_size
     if other_tokenizer(target, draft):
         return False
     if target.tokenizer is not None and draft.tokenizer is not None:

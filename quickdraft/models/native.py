@@ -3,24 +3,28 @@ backend (quickdraft/backends/native.py runs the passes; models/row_attention.py 
 attention below fp32).
 
 Why: a transformers forward spends much of a small model's decode step in Python and
-bookkeeping. Here each layer is a handful of fused operations over weights taken once from
-the loaded model; the KV cache (backends/kv_cache.py) is preallocated and indexed by a length
+bookkeeping. Here each layer is a handful of fused operations over weights read once from
+a weight source (a GGUF file, safetensors, a transformers model); the KV cache (backends/kv_cache.py) is preallocated and indexed by a length
 pointer, so a rollback is free and a token tree needs only an explicit mask and positions.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
+from tqdm import tqdm
+from transformers import PretrainedConfig, PreTrainedModel
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.linear import ColumnLinear, PackedLinear
 from quickdraft.models.precision import Precision, get_precision
-from quickdraft.models.quantize import Int4Weight, stack_int4
-from quickdraft.models.quantized_linear import Int4Linear, Int8Linear, quantized_linear
+from quickdraft.models.quantize import stack_int4
+from quickdraft.models.quantized_linear import Int4Linear, Int8Linear, fused_quantized_linear, int4_fits
 from quickdraft.models.row_attention import RowGroup
+from quickdraft.models.weights import (EMBED, LM_HEAD, ModuleWeights, WeightSource, fused, give_back_freed_memory,
+                                      rotary_embedding, stored_name)
 
 Linear = PackedLinear | ColumnLinear | Int8Linear | Int4Linear
 
@@ -50,7 +54,7 @@ class LayerWeights:
 
 @dataclass
 class NativeWeights:
-    """Everything a forward needs, extracted once from a transformers model; shared by backends."""
+    """Everything a forward needs, read once from a weight source (models/weights.py); shared by backends."""
 
     embed: torch.Tensor  # [V, hidden]
     layers: list[LayerWeights]
@@ -76,16 +80,23 @@ class NativeWeights:
 
     @classmethod
     def from_model(cls, model: PreTrainedModel, precision: str | Precision = "fp32", pack: bool = True,
-                   int4_blocks: dict[str, Int4Weight] | None = None,
                    device: torch.device | str = "cpu", dense_kernel: str = "bf16") -> NativeWeights:
-        """`pack=False` keeps plain dense weights (F.linear), which torch.compile can trace.
-        `int4_blocks`: a GGUF file's own 4-bit blocks by parameter name, used as they are.
+        """from_source over a loaded transformers model's parameters."""
+        return cls.from_source(model.config, ModuleWeights(model), precision, pack, device, dense_kernel)
+
+    @classmethod
+    def from_source(cls, config: PretrainedConfig, source: WeightSource, precision: str | Precision = "fp32",
+                    pack: bool = True, device: torch.device | str = "cpu", dense_kernel: str = "bf16",
+                    progress: bool = False) -> NativeWeights:
+        """The weights of the model `config` describes, read from `source` one tensor at a time
+        (a quantized precision never holds more than one layer's matrices at full width).
+        `pack=False` keeps plain dense weights (F.linear), which torch.compile can trace.
+        int4 takes a GGUF file's own 4-bit blocks where it has them (no second rounding).
         `device`: where every weight lives (int8/int4 kernels: CPU only).
         `dense_kernel` (bf16 only): "fp32" multiplies the bf16 weights as fp32 numbers, for CPUs
         without bf16 arithmetic (backends/shapes.py measures which is faster); "linear" (any dense
         precision): plain F.linear, as the static backend's fixed shapes want."""
-        config = model.config
-        if not supports(model):
+        if not supports(config):
             raise QuickdraftError(f"the native backend supports {', '.join(SUPPORTED_ARCHITECTURES)}, "
                                   f"not {config.model_type!r}")
         precision = get_precision(precision) if isinstance(precision, str) else precision
@@ -94,9 +105,11 @@ class NativeWeights:
             raise QuickdraftError(f"precision {precision.name} uses PyTorch's CPU kernels; on {device.type} "
                                   f"use bf16 or fp32")
         dtype = precision.dtype
-        inner = model.model
-        names = {id(module): name for name, module in model.named_modules()}
-        blocks = int4_blocks if precision.weights == "int4" and int4_blocks else {}
+        gemma = config.model_type == GEMMA3
+        if gemma and precision.name != "fp32":
+            raise QuickdraftError(f"Gemma 3 runs on the native backend at fp32 for now, not {precision.name} "
+                                  f"(backend='hf' runs it at any dtype transformers takes)")
+        present = source.names()
 
         def cast(tensor: torch.Tensor) -> torch.Tensor:
             return tensor.detach().to(device=device, dtype=dtype).contiguous()
@@ -107,77 +120,83 @@ class NativeWeights:
                 return PackedLinear(weight, bias, pack and dense_kernel != "linear")
             return ColumnLinear(weight.float() if dense_kernel == "fp32" else weight, bias)
 
-        def linear(modules: list[torch.nn.Module], requantize_as: str = precision.weights) -> Linear:
-            """One layer for the modules' weights fused along outputs (and their biases, if all have
-            one). Quantized: the file's 4-bit blocks when it has them, else `requantize_as`."""
-            weight = torch.cat([m.weight.detach() for m in modules]) if len(modules) > 1 else modules[0].weight.detach()
-            biases = [m.bias for m in modules]
-            bias = cast(torch.cat(biases)) if all(b is not None for b in biases) else None
-            if precision.weights == "dense":
-                return dense(cast(weight), bias)
-            found = [blocks.get(f"{names[id(m)]}.weight") for m in modules]
-            if all(b is not None for b in found):
-                return quantized_linear(weight, bias, "int4", dtype, stack_int4(found))
-            return quantized_linear(weight.float(), bias, requantize_as, dtype)
+        def linear(stems: list[str], requantize_as: str = precision.weights) -> Linear:
+            """One layer for the weights `stems` name, fused along outputs (and their biases, if all
+            have one). Quantized: the file's 4-bit blocks when it has them, else `requantize_as`."""
+            biases = [f"{stem}.bias" for stem in stems]
+            bias = cast(torch.cat([source.get(b) for b in biases])) if all(b in present for b in biases) else None
+            if precision.weights == "int4" and requantize_as == "int4":
+                found = [source.int4_blocks(f"{stem}.weight") for stem in stems]
+                if all(b is not None for b in found):
+                    blocks = stack_int4(found)
+                    if int4_fits(*blocks.q.shape, blocks.group):
+                        return Int4Linear(blocks, bias, dtype)
+            names = [stored_name(source, config, f"{stem}.weight") for stem in stems]
+            if precision.weights == "dense":  # each part read straight into its rows of the fused matrix
+                return dense(fused(source, names, dtype).to(device), bias)
+            shape = (sum(source.shape(name)[0] for name in names), source.shape(names[0])[1])
+            return fused_quantized_linear((source.get(name) for name in names), shape, bias, requantize_as, dtype)
 
-        gemma = config.model_type == GEMMA3
-        if gemma and precision.name != "fp32":
-            raise QuickdraftError(f"Gemma 3 runs on the native backend at fp32 for now, not {precision.name} "
-                                  f"(backend='hf' runs it at any dtype transformers takes)")
-
-        def norm(module: torch.nn.Module) -> torch.Tensor:
+        def norm(name: str) -> torch.Tensor:
             # Gemma's norms scale by (1 + w), computed in fp32 as transformers does.
-            return cast(1.0 + module.weight.detach().float()) if gemma else cast(module.weight)
+            weight = source.get(f"{name}.weight")
+            return cast(1.0 + weight.float()) if gemma else cast(weight)
 
         layer_types = getattr(config, "layer_types", None) if gemma else None
         layers = []
-        for index, layer in enumerate(inner.layers):
-            attn, mlp = layer.self_attn, layer.mlp
+        for index in tqdm(range(config.num_hidden_layers), desc="quickdraft: reading layers", unit="layer",
+                          disable=not progress, file=sys.stderr):
+            at = f"model.layers.{index}"
+            attn, mlp = f"{at}.self_attn", f"{at}.mlp"
             sliding = layer_types is not None and layer_types[index] == "sliding_attention"
             layers.append(LayerWeights(
-                input_norm=norm(layer.input_layernorm),
-                qkv=linear([attn.q_proj, attn.k_proj, attn.v_proj]),
-                o=linear([attn.o_proj]),
-                post_norm=norm(layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm),
-                gate_up=linear([mlp.gate_proj, mlp.up_proj]),
-                down=linear([mlp.down_proj]),
-                q_norm=norm(attn.q_norm) if gemma else None,
-                k_norm=norm(attn.k_norm) if gemma else None,
-                attn_out_norm=norm(layer.post_attention_layernorm) if gemma else None,
-                mlp_out_norm=norm(layer.post_feedforward_layernorm) if gemma else None,
+                input_norm=norm(f"{at}.input_layernorm"),
+                qkv=linear([f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"]),
+                o=linear([f"{attn}.o_proj"]),
+                post_norm=norm(f"{at}.pre_feedforward_layernorm" if gemma else f"{at}.post_attention_layernorm"),
+                gate_up=linear([f"{mlp}.gate_proj", f"{mlp}.up_proj"]),
+                down=linear([f"{mlp}.down_proj"]),
+                q_norm=norm(f"{attn}.q_norm") if gemma else None,
+                k_norm=norm(f"{attn}.k_norm") if gemma else None,
+                attn_out_norm=norm(f"{at}.post_attention_layernorm") if gemma else None,
+                mlp_out_norm=norm(f"{at}.post_feedforward_layernorm") if gemma else None,
                 window=int(config.sliding_window) if sliding else None,
                 rotary=1 if sliding else 0,
             ))
-        rotary = inner.rotary_emb
+            give_back_freed_memory()
+        rotary = rotary_embedding(config)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         max_length = int(config.max_position_embeddings)
         window = getattr(config, "sliding_window", None)
         if window and getattr(config, "use_sliding_window", True) and not gemma:
             max_length = min(max_length, int(window))  # beyond the window the model attends differently
-        embed = cast(inner.embed_tokens.weight)
-        head = model.get_output_embeddings()
-        tied = head.weight is inner.embed_tokens.weight and precision.weights == "dense"
-        # The head's error goes straight into the logits: rounding it to 4 bits from scratch raised
-        # the default target's KL from fp32 from 0.004 (int8 head) to 0.066, so it gets int8.
-        lm_head = dense(embed, None) if tied else linear([head], requantize_as="int8")
+        tied = LM_HEAD not in present and getattr(config, "tie_word_embeddings", False)
+        if tied and precision.weights == "dense":
+            embed = cast(source.get(EMBED))
+            lm_head = dense(embed, None)
+        else:  # the head before the embedding: its full-width read then meets one fewer vocab-sized tensor
+            # The head's error goes straight into the logits: rounding it to 4 bits from scratch raised
+            # the default target's KL from fp32 from 0.004 (int8 head) to 0.066, so it gets int8.
+            lm_head = linear(["lm_head"], "int8")
+            give_back_freed_memory()
+            embed = cast(source.get(EMBED))
         if gemma:
             full, local = rotary.full_attention_inv_freq, rotary.sliding_attention_inv_freq
-            return cls(embed, layers, norm(inner.norm), lm_head, full.detach().float(),
+            return cls(embed, layers, norm("model.norm"), lm_head, full.detach().float(),
                        float(rotary.full_attention_attention_scaling), float(config.rms_norm_eps),
                        config.num_attention_heads, config.num_key_value_heads, head_dim, max_length, dtype,
                        precision.name, embed_scale=float(config.hidden_size) ** 0.5, activation="gelu_tanh",
                        attn_scale=float(config.query_pre_attn_scalar) ** -0.5,
                        inv_freqs=[full.detach().float(), local.detach().float()])
-        return cls(embed, layers, cast(inner.norm.weight), lm_head, rotary.inv_freq.detach().float(),
+        return cls(embed, layers, norm("model.norm"), lm_head, rotary.inv_freq.detach().float(),
                    float(getattr(rotary, "attention_scaling", 1.0)), float(config.rms_norm_eps),
                    config.num_attention_heads, config.num_key_value_heads, head_dim, max_length, dtype,
                    precision.name)
 
 
-def supports(model: PreTrainedModel, precision: str | None = None) -> bool:
+def supports(config: PretrainedConfig, precision: str | None = None) -> bool:
     """True for the architectures the native backend computes exactly like transformers (at
     `precision`; None: at some precision)."""
-    config = model.config
     if getattr(config, "model_type", None) == GEMMA3:
         return (getattr(config, "hidden_activation", None) == "gelu_pytorch_tanh"
                 and getattr(config, "final_logit_softcapping", None) is None
@@ -188,7 +207,6 @@ def supports(model: PreTrainedModel, precision: str | None = None) -> bool:
         getattr(config, "model_type", None) in SUPPORTED_ARCHITECTURES
         and getattr(config, "hidden_act", "silu") == "silu"
         and not getattr(config, "mlp_bias", False)
-        and hasattr(getattr(model, "model", None), "layers")
     )
 
 

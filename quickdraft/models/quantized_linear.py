@@ -11,9 +11,11 @@ stays exactly plain greedy decoding.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
-from quickdraft.models.quantize import Int4Weight, quantize_int4, quantize_int8
+from quickdraft.models.quantize import ROWS_AT_ONCE, Int4Weight, Int8Weight, quantize_int4, quantize_int8
 
 INT4_OUT_MULTIPLE = 16  # the int4 kernel's packed layout needs outputs in multiples of 16
 INT4_GROUPS = (32, 64, 128, 256)  # the group sizes the int4 kernel takes
@@ -22,12 +24,11 @@ INT4_GROUPS = (32, 64, 128, 256)  # the group sizes the int4 kernel takes
 class Int8Linear:
     """y = x (q * scale)^T + b with an int8 weight [out, in] and a scale per output channel."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
-        quantized = quantize_int8(weight)
-        self.q = quantized.q  # [out, in] int8
-        self.scales = quantized.scales.to(dtype)  # [out]
+    def __init__(self, weight: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        self.q = weight.q  # [out, in] int8
+        self.scales = weight.scales.to(dtype)  # [out]
         self.bias = None if bias is None else bias.to(dtype)
-        self.out_features, self.in_features = weight.shape
+        self.out_features, self.in_features = weight.q.shape
 
     @property
     def nbytes(self) -> int:
@@ -44,7 +45,10 @@ class Int4Linear:
     """y = x W^T + b with W = (q - 8) * scale + zero per group of inputs, q packed two per byte."""
 
     def __init__(self, weight: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.q.to(torch.int32), 1)  # [out, in/2]
+        # [out, in/2], packed a block of rows at a time (rows pack alone: equal to one call, and
+        # the int32 copy the packer takes stays small)
+        self.packed = torch.cat([torch.ops.aten._convert_weight_to_int4pack_for_cpu(rows.to(torch.int32), 1)
+                                 for rows in weight.q.split(ROWS_AT_ONCE)])
         # The kernel's layout: [in / group, out, (scale, zero)].
         pairs = torch.stack([weight.scales, weight.zeros], dim=-1)  # [out, in / group, 2]
         self.scales_and_zeros = pairs.transpose(0, 1).contiguous().to(dtype)
@@ -68,15 +72,24 @@ def int4_fits(out_features: int, in_features: int, group: int) -> bool:
 
 
 def quantized_linear(weight: torch.Tensor, bias: torch.Tensor | None, kind: str, dtype: torch.dtype,
-                     blocks: Int4Weight | None = None, group: int = 32) -> Int8Linear | Int4Linear:
-    """An int8 or int4 layer for an fp32 `weight` [out, in]. int4 takes the file's own `blocks`
-    when given (no second rounding), and falls back to int8 for shapes its kernel cannot take."""
-    if kind == "int4":
-        if blocks is not None and int4_fits(*blocks.q.shape, blocks.group):
-            return Int4Linear(blocks, bias, dtype)
-        if int4_fits(*weight.shape, group):
-            return Int4Linear(quantize_int4(weight, group), bias, dtype)
-        return Int8Linear(weight, bias, dtype)
-    if kind == "int8":
-        return Int8Linear(weight, bias, dtype)
-    raise ValueError(f"unknown quantized weight kind {kind!r}")
+                     group: int = 32) -> Int8Linear | Int4Linear:
+    """An int8 or int4 layer for a float `weight` [out, in] (rounded from fp32 values); int4 falls
+    back to int8 for shapes its kernel cannot take."""
+    return fused_quantized_linear([weight], tuple(weight.shape), bias, kind, dtype, group)
+
+
+def fused_quantized_linear(parts: Iterable[torch.Tensor], shape: tuple[int, int], bias: torch.Tensor | None,
+                           kind: str, dtype: torch.dtype, group: int = 32) -> Int8Linear | Int4Linear:
+    """One layer for weights fused along outputs into `shape` [out, in], each part rounded as it
+    comes (rows are rounded on their own, so this equals rounding the fused matrix): a generator
+    of parts holds one at full width at a time."""
+    if kind not in ("int4", "int8"):
+        raise ValueError(f"unknown quantized weight kind {kind!r}")
+    four = kind == "int4" and int4_fits(*shape, group)
+    whole = Int4Weight.empty(shape, group) if four else Int8Weight.empty(shape)
+    row = 0
+    for part in parts:  # each written into its rows of the fused weight
+        rows = whole.rows(row, row + part.shape[0])
+        quantize_int4(part, group, out=rows) if four else quantize_int8(part, out=rows)
+        row += part.shape[0]
+    return Int4Linear(whole, bias, dtype) if four else Int8Linear(whole, bias, dtype)

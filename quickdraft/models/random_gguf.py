@@ -17,6 +17,7 @@ from quickdraft.errors import QuickdraftError
 
 VOCAB_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 # The file types users' GGUFs have, by llama.cpp's names (its llama_ftype values).
+Q4_0_BLOCK, Q4_0_BYTES = 32, 18  # weights per block; its bytes: an fp16 scale and 16 of nibbles
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
 
 
@@ -87,11 +88,12 @@ def random_gguf(like: str | Path, out: str | Path, shape: GgufShape, seed: int =
     """A GGUF at `out` with `like`'s architecture, tokenizer and tensor names, and random weights
     at `shape`: matrices ~ N(0, 1/fan_in) so activations keep their scale, embeddings scaled so
     next-token distributions are peaked rather than flat, norms at one. vocab: keep only the first
-    tokens (a file for tests of everything but the tokenizer's merges). dtype: "F32" or "F16" for
-    the matrices (norms stay F32, as converters write them). Tensors are made and written one at a
-    time, so a model of any size needs memory for its largest tensor only."""
-    if dtype not in ("F32", "F16"):
-        raise QuickdraftError(f"random GGUF files are written as F32 or F16, not {dtype!r}")
+    tokens (a file for tests of everything but the tokenizer's merges). dtype: "F32", "F16" or
+    "Q4_0" (random 4-bit blocks written as they are: a real-size file in seconds, no quantizer)
+    for the matrices (norms stay F32, as converters write them). Tensors are made and written one
+    at a time, so a model of any size needs memory for its largest tensor only."""
+    if dtype not in ("F32", "F16", "Q4_0"):
+        raise QuickdraftError(f"random GGUF files are written as F32, F16 or Q4_0, not {dtype!r}")
     reader = gguf.GGUFReader(str(like))
     arch = reader.fields["general.architecture"].contents()
     embedding = next(t for t in reader.tensors if t.name == "token_embd.weight")
@@ -107,6 +109,11 @@ def random_gguf(like: str | Path, out: str | Path, shape: GgufShape, seed: int =
                for name in top + [f"blk.{i}.{n}" for i in range(shape.layers) for n in sorted(names)]]
     matrix = np.float16 if dtype == "F16" else np.float32
     for name, size in tensors:
+        if len(size) > 1 and dtype == "Q4_0":
+            rows = (size[0], size[1] // Q4_0_BLOCK * Q4_0_BYTES)  # [out, bytes of a row's blocks]
+            writer.add_tensor_info(name, rows, np.dtype(np.uint8), int(np.prod(rows)),
+                                   raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+            continue
         kind = np.float32 if len(size) == 1 else matrix
         writer.add_tensor_info(name, size, np.dtype(kind), int(np.prod(size)) * np.dtype(kind).itemsize)
     writer.write_header_to_file()
@@ -119,12 +126,24 @@ def random_gguf(like: str | Path, out: str | Path, shape: GgufShape, seed: int =
             values = np.ones(size, dtype=np.float32)
         else:
             scale = 3.0 if name.startswith(("token_embd", "output.")) else 1.0  # logits of std ~3: peaked
+            if dtype == "Q4_0":
+                writer.write_tensor_data(_random_q4_0(rng, size, scale / np.sqrt(size[1])))
+                continue
             values = rng.standard_normal(size, dtype=np.float32)
             values *= scale / np.sqrt(size[1])
             values = values.astype(matrix, copy=False)
         writer.write_tensor_data(values)
     writer.close()
     return Path(out)
+
+
+def _random_q4_0(rng: np.random.Generator, size: tuple[int, int], std: float) -> np.ndarray:
+    """Q4_0 blocks [out, in / 32 * 18] of weights d (q - 8), q uniform in 0..15, with one scale d
+    that gives them standard deviation `std` (uniform q - 8 has std 4.61)."""
+    out, blocks = size[0], size[1] // Q4_0_BLOCK
+    raw = rng.integers(0, 256, (out, blocks, Q4_0_BYTES), dtype=np.uint8)
+    raw[..., :2] = np.full((out, blocks, 1), std / 4.61, dtype=np.float16).view(np.uint8)
+    return raw.reshape(out, blocks * Q4_0_BYTES)
 
 
 def quantize_gguf(source: str | Path, out: str | Path, file_type: str, threads: int = 0) -> Path:

@@ -1,0 +1,115 @@
+"""Load time, peak RSS and disk written at real model sizes, each in a fresh process, quickdraft beside
+its peers on the same files: random weights at 1B, 3B and 8B shapes with the default target's
+vocabulary, made here and never shipped.
+
+- GGUF, Q4_0 (random 4-bit blocks written directly): llama-cpp-python (`Llama(...)` and one
+  completion) against `quickdraft generate --backend llama.cpp` and the native backend at int4
+  (which takes the file's blocks as they are).
+- safetensors, bf16: transformers (`from_pretrained(dtype=bfloat16)` + `generate`) against the
+  native backend at bf16 and int4.
+
+Every run decodes `--tokens` tokens after a 4-token prompt; its seconds are the whole process
+(imports, load, the tokens), so compare them only within one run of this script.
+
+    .venv/bin/python benchmarks/real_sizes_footprint.py [--shapes 1b 3b 8b] [--tokens 2] [--work DIR]
+
+Nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+from datetime import date
+from pathlib import Path
+
+from transformers import LlamaConfig
+
+from quickdraft.bench.footprint import IMPORTS, LLAMA_CPP_PYTHON, QUICKDRAFT, TRANSFORMERS, footprint, python
+from quickdraft.memory import backend_weight_bytes, human, shape_from_config
+from quickdraft.models import default_gguf_path
+from quickdraft.models.random_checkpoint import random_checkpoint
+from quickdraft.models.random_gguf import random_gguf
+
+from real_sizes import SHAPES  # this folder's: the 1B/3B/8B shapes
+
+
+def config_of(name: str) -> LlamaConfig:
+    shape = SHAPES[name]
+    return LlamaConfig(vocab_size=49152, hidden_size=shape.hidden, intermediate_size=shape.ffn,
+                       num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                       num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
+                       max_position_embeddings=shape.context, tie_word_embeddings=False)
+
+
+def written(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", nargs="+", default=["1b", "3b", "8b"], choices=list(SHAPES))
+    parser.add_argument("--tokens", type=int, default=2)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/quickdraft-real-sizes"),
+                        help="where the random files are made (kept for a rerun)")
+    parser.add_argument("--skip", nargs="*", default=[], help="runs to leave out, e.g. 'transformers' or 'native bf16'")
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    threads = "2"
+    base_env = os.environ | {"OMP_NUM_THREADS": threads}
+    imports = footprint(python(IMPORTS), base_env)
+    print(f"{date.today()} · {platform.processor() or platform.machine()} · {threads} threads · {args.tokens} "
+          f"tokens after a 4-token prompt · quickdraft's imports alone: {human(imports.peak_rss)} peak RSS, "
+          f"{imports.seconds:.1f} s")
+    print("| shape | file | run | peak RSS | peak RSS / reference | seconds | disk written |")
+    print("|---|---|---|---|---|---|---|")
+    for name in args.shapes:
+        gguf = args.work / f"{name}-Q4_0-direct.gguf"
+        if not gguf.is_file():
+            random_gguf(default_gguf_path(), gguf, SHAPES[name], dtype="Q4_0", progress=True)
+        folder = args.work / f"{name}-bf16"
+        if not (folder / "model.safetensors.index.json").is_file():
+            random_checkpoint(config_of(name), folder, progress=True)
+        shape = shape_from_config(config_of(name))
+        int4_budget = backend_weight_bytes(shape, "native", "int4") + shape.layer_linear_params * 2
+        checkpoint = sum(path.stat().st_size for path in folder.glob("*.safetensors"))
+        runs = [  # (label, file, command, the reference its peak is compared with)
+            ("llama-cpp-python", gguf, python(LLAMA_CPP_PYTHON, gguf, args.tokens, threads), None),
+            ("quickdraft llama.cpp", gguf, [sys.executable, "-m", "quickdraft.cli", "generate", "Hello",
+                                            "--target", str(gguf), "--backend", "llama.cpp", "--method", "none",
+                                            "--max-new-tokens", str(args.tokens), "--threads", threads,
+                                            "--no-chat"], "llama-cpp-python"),
+            ("quickdraft native int4", gguf, python(QUICKDRAFT, gguf, "native", "int4", args.tokens), int4_budget),
+            ("transformers bf16", folder, python(TRANSFORMERS, folder, args.tokens), checkpoint),
+            ("quickdraft native bf16", folder, python(QUICKDRAFT, folder, "native", "bf16", args.tokens), checkpoint),
+            ("quickdraft native int4", folder, python(QUICKDRAFT, folder, "native", "int4", args.tokens), int4_budget),
+        ]
+        peaks: dict[str, int] = {}
+        for label, file, command, reference in runs:
+            if any(skip and skip in label for skip in args.skip):
+                continue
+            with tempfile.TemporaryDirectory(dir=args.work) as cache:
+                try:
+                    result = footprint(command, base_env | {"XDG_CACHE_HOME": cache, "HF_HOME": cache})
+                except RuntimeError as error:
+                    print(f"| {name} | {file.name} | {label} | failed: {str(error)[-200:]!r} | | | |", flush=True)
+                    continue
+                disk = written(Path(cache))
+            peaks[label] = result.peak_rss
+            model = result.peak_rss - imports.peak_rss if label.startswith("quickdraft") else result.peak_rss
+            if isinstance(reference, str):
+                ratio = f"{model / peaks[reference]:.2f}x {reference}" if reference in peaks else ""
+            elif reference is not None:
+                ratio = f"{model / reference:.2f}x {'checkpoint' if reference == checkpoint else 'int4 + 1 layer'}"
+            else:
+                ratio = ""
+            print(f"| {name} | {file.name} ({human(file.stat().st_size if file.is_file() else written(file))}) | "
+                  f"{label} | {human(result.peak_rss)} | {ratio} | {result.seconds:.1f} | {human(disk)} |", flush=True)
+    print("quickdraft's ratios are of its peak less its imports' peak (the model's share); peers' of their whole peak.")
+
+
+if __name__ == "__main__":
+    main()
