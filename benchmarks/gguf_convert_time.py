@@ -17,13 +17,14 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from quickdraft.models import default_gguf_path, gguf_convert
+from quickdraft.models.weights import GgufWeights, build_model
 
 TEXT = "Hello world! The quick brown fox, 12345 naïve   spaces\n\ttabs"
 
 
 def ours(path: Path):
     config = gguf_convert.read_config(path)
-    return config, gguf_convert.read_model(path, config), gguf_convert.read_tokenizer(path, config)
+    return config, build_model(config, GgufWeights(path, config)), gguf_convert.read_tokenizer(path, config)
 
 
 def theirs(path: Path):

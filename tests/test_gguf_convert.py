@@ -8,6 +8,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from quickdraft.models import gguf_convert
+from quickdraft.models.weights import GgufWeights, build_model
 from conftest import RANDOM_SHAPES
 
 TEXT = "Hello world! The quick brown fox, 12345 <|im_start|> naïve   spaces\n\ttabs <eos>"
@@ -30,7 +31,7 @@ def test_it_equals_transformers_conversion(random_ggufs, arch):
     for path in files:
         assert gguf_convert.fast_path(path)
         config = gguf_convert.read_config(path)
-        model, tokenizer = gguf_convert.read_model(path, config), gguf_convert.read_tokenizer(path, config)
+        model, tokenizer = build_model(config, GgufWeights(path, config)), gguf_convert.read_tokenizer(path, config)
         their_config, their_model, their_tokenizer = transformers_own(path)
         ours, theirs = config.to_dict(), their_config.to_dict()
         for key in ("_name_or_path", "dtype"):  # where it was read from; the dtype asked of from_config

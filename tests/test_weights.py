@@ -21,7 +21,7 @@ from quickdraft.models.embedded import default_gguf_path
 from quickdraft.models.loading import load_model
 from quickdraft.models.native import NativeWeights
 from quickdraft.models.quantize import dequantize_int4
-from quickdraft.models.weights import GgufWeights, SafetensorsWeights
+from quickdraft.models.weights import GgufWeights, SafetensorsWeights, build_model
 
 PROMPT = [1, 510, 3575, 282, 4649, 314, 7]
 
@@ -35,7 +35,7 @@ def logits(weights: NativeWeights, prompt: list[int]) -> torch.Tensor:
 def default_gguf():
     path = default_gguf_path()
     config = gguf_convert.read_config(path)
-    return path, config, gguf_convert.read_model(path, config)
+    return path, config, build_model(config, GgufWeights(path, config))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

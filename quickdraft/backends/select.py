@@ -24,8 +24,8 @@ from quickdraft.backends.shapes import (
     measure_row_plan,
 )
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.layer_subset import layer_subset_model
 from quickdraft.memory import GIB, available_memory, backend_weight_bytes, human, shape_from_config
+from quickdraft.models.layer_subset import layer_subset_model
 from quickdraft.models.loading import LoadedModel, default_cache_dir, file_key
 from quickdraft.models.native import GEMMA3, SUPPORTED_ARCHITECTURES, NativeWeights, supports
 from quickdraft.models.precision import PRECISIONS, get_precision
@@ -173,8 +173,8 @@ def static_supports(config: PretrainedConfig) -> bool:
 
 def timed_against_native(loaded: LoadedModel) -> bool:
     """Whether auto times llama.cpp against a native fp32 copy of `loaded` (which it builds for the
-    timing): when the copy is small (TIMED_NATIVE_BYTES); else a GGUF file runs
-    on llama.cpp untimed (its own kernels over the file's own types)."""
+    timing): when the copy is small (TIMED_NATIVE_BYTES); else a GGUF file runs on llama.cpp
+    untimed (its own kernels over the file's own types)."""
     size = native_fp32_bytes(loaded)
     return size <= TIMED_NATIVE_BYTES and size <= TIMED_NATIVE_SHARE * available_memory()
 

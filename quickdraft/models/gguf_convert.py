@@ -1,12 +1,13 @@
-"""A GGUF file as a transformers model, config and tokenizer, reading the file's metadata once.
+"""A GGUF file's config, tokenizer and tensor table as transformers reads them, reading the file's
+metadata once (models/weights.py reads the tensors).
 
 transformers' own GGUF loading (the legacy path it keeps for Llama, Mistral, Qwen2, Gemma 3 and more)
 parses every metadata value of the file with gguf-py's reader, three times over (config,
 tokenizer, weights): 15 s each for Gemma 3's 262,144-token vocabulary. This reads the metadata
 with transformers' fast reader, which leaves the tokenizer's arrays unparsed, and the tensors
-from their byte offsets, then applies transformers' own name map and tensor processors (Llama's
-q/k row order, Gemma's norm offsets), so the result is the legacy path's, value for value
-(tests/test_gguf_convert.py). Other architectures take transformers' path unchanged.
+from their byte offsets; models/weights.py applies transformers' own name map and tensor
+processors (Llama's q/k row order, Gemma's norm offsets), so the result is the legacy path's,
+value for value (tests/test_gguf_convert.py). Other architectures take transformers' path unchanged.
 """
 
 from __future__ import annotations
@@ -16,16 +17,15 @@ from math import prod
 from pathlib import Path
 
 import numpy as np
-import torch
 from gguf import GGML_QUANT_SIZES, MODEL_ARCH_NAMES, GGMLQuantizationType, dequantize, get_tensor_name_map
-from transformers import (AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase,
+from transformers import (AutoConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase,
                           TokenizersBackend)
 from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING
 # transformers' fast reader; its tensor table is read with its own helpers (GgufHeader itself
 # refuses ggml types its de-quantizer lacks, such as Q5_0, which gguf-py's handles).
 from transformers.integrations.gguf.reader import _mapped, _read_metadata, _read_tensor_table, read_gguf_metadata
 from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
-from transformers.modeling_gguf_pytorch_utils import GGUF_TO_TRANSFORMERS_MAPPING, TENSOR_PROCESSORS, TensorProcessor
+from transformers.modeling_gguf_pytorch_utils import GGUF_TO_TRANSFORMERS_MAPPING, TensorProcessor
 
 # Architectures whose legacy conversion is the generic key mapping alone (no special cases in
 # transformers' load_gguf_checkpoint) and whose one-read result is tested equal to it (Mistral
@@ -110,21 +110,6 @@ def read_table(path: str | Path) -> tuple[dict, list[GgufTensor]]:
     return metadata, tensors
 
 
-def read_tensors(path: str | Path, model: PreTrainedModel, config: dict) -> dict[str, torch.Tensor]:
-    """The file's tensors de-quantized to fp32 under `model`'s parameter names, each put through
-    transformers' tensor processor for the architecture."""
-    metadata, tensors = read_table(path)
-    processor = TENSOR_PROCESSORS.get(metadata["general.architecture"], TensorProcessor)(config=config)
-    names = gguf_to_hf_names(model, metadata["general.architecture"], processor)
-    parsed: dict[str, dict] = {"config": config, "tensors": {}}
-    for tensor in tensors:
-        result = processor.process(weights=tensor.values(), name=tensor.name, tensor_key_mapping=names,
-                                   parsed_parameters=parsed)
-        if result.name in names:
-            parsed["tensors"][names[result.name]] = torch.from_numpy(np.array(result.weights, dtype=np.float32))
-    return parsed["tensors"]
-
-
 def gguf_to_hf_names(model: PreTrainedModel, architecture: str,
                      processor: TensorProcessor | None = None) -> dict[str, str]:
     """GGUF tensor name -> `model`'s parameter name, by gguf-py's name table for the architecture:
@@ -142,20 +127,6 @@ def gguf_to_hf_names(model: PreTrainedModel, architecture: str,
         if gguf_stem is not None:
             names[f"{gguf_stem}{dot}{suffix}"] = hf_name
     return names
-
-
-def read_model(path: str | Path, config: PretrainedConfig) -> PreTrainedModel:
-    """The fp32 transformers model of `path`: every parameter from the file (a tied LM head from
-    the embedding)."""
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    tensors = read_tensors(path, model, config.to_dict())
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
-    if set(missing) - tied or unexpected:
-        raise ValueError(f"the file's tensors do not fill the model: missing {sorted(set(missing) - tied)}, "
-                         f"unexpected {sorted(unexpected)}")
-    model.tie_weights()
-    return model
 
 
 def read_tokenizer(path: str | Path, config: PretrainedConfig) -> PreTrainedTokenizerBase:

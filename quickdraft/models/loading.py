@@ -32,8 +32,8 @@ from transformers import (
 from quickdraft.errors import QuickdraftError
 from quickdraft.models import gguf_convert
 from quickdraft.models.embedded import DEFAULT_NAME, default_gguf_path
-from quickdraft.models.weights import (GgufWeights, ModuleWeights, SafetensorsWeights, WeightSource, check_shapes,
-                                      tensor_or_tied)
+from quickdraft.models.weights import (GgufWeights, ModuleWeights, SafetensorsWeights, WeightSource, build_model,
+                                      check_shapes, tensor_or_tied)
 
 ModelSource = str | os.PathLike | PreTrainedModel | None
 
@@ -227,7 +227,7 @@ def _load_gguf(path: Path, cache: Path, dtype: torch.dtype) -> LoadedModel:
     def build() -> PreTrainedModel:
         try:
             if fast:
-                return gguf_convert.read_model(path, config).to(dtype)
+                return build_model(config, weights, dtype)
             return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=dtype)
         except Exception as error:
             raise QuickdraftError(f"could not read GGUF file {path}: {_first_line(error)}") from error

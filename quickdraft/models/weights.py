@@ -102,6 +102,19 @@ def tensor_or_tied(source: WeightSource, config: PretrainedConfig, name: str) ->
     return source.get(stored_name(source, config, name))
 
 
+def build_model(config: PretrainedConfig, source: WeightSource, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The transformers model of `config` with every parameter read from `source`, one tensor at a
+    time into its place (a tied LM head is the embedding)."""
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            stored = stored_name(source, config, name)
+            if stored == name:  # (a tied head is tied below)
+                source.read_into(name, tensor)
+    model.tie_weights()
+    return model
+
+
 def fused(source: WeightSource, names: list[str], dtype: torch.dtype) -> torch.Tensor:
     """The matrices `names` [out_i, in] stacked along outputs [sum out_i, in] in `dtype`, each read
     into its own rows (no stacked copy); one matrix is the source's own tensor (a model's is shared)."""
