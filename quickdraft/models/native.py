@@ -4,8 +4,9 @@ attention below fp32).
 
 Why: a transformers forward spends much of a small model's decode step in Python and
 bookkeeping. Here each layer is a handful of fused operations over weights read once from
-a weight source (a GGUF file, safetensors, a transformers model); the KV cache (backends/kv_cache.py) is preallocated and indexed by a length
-pointer, so a rollback is free and a token tree needs only an explicit mask and positions.
+a weight source (a GGUF file, safetensors, a transformers model); the KV cache
+(backends/kv_cache.py) is preallocated and indexed by a length pointer, so a rollback is free
+and a token tree needs only an explicit mask and positions.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ transformers model.
 
 A backend reads each tensor it needs under its transformers parameter name and turns it straight
 into its own layout, so no step of loading holds a full fp32 copy of the model: a GGUF tensor is
-de-quantized alone (or its 4-bit blocks taken as they are), a safetensors tensor is mapped from disk
+de-quantized alone (or its 4-bit blocks taken as they are), a safetensors tensor is read from disk
 in the checkpoint's own dtype.
 """
 
