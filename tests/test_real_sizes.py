@@ -83,3 +83,13 @@ def test_a_1b_bf16_checkpoint_loads_on_native_within_its_budget(one_b_bf16, env,
         budget = backend_weight_bytes(shape, "native", "int4") + shape.layer_linear_params * 2
     print(json.dumps({"checkpoint": checkpoint, "peak": ours, "imports": imports, "budget": budget}))
     assert ours - imports <= MEMORY_SHARE * budget, (ours, imports, budget)
+
+
+def test_a_1b_gguf_loads_on_native_int4_within_its_budget(one_b, env, imports):
+    """The file's 4-bit blocks taken as they are, other tensors de-quantized a block of rows at a
+    time, the file read rather than mapped: the int4 weights and one layer's budget, as from bf16."""
+    ours = footprint(python(QUICKDRAFT, one_b, "native", "int4", 1), env).peak_rss
+    shape = shape_from_config(ONE_B_CONFIG)
+    budget = backend_weight_bytes(shape, "native", "int4") + shape.layer_linear_params * 2
+    print(json.dumps({"peak": ours, "imports": imports, "budget": budget}))
+    assert ours - imports <= MEMORY_SHARE * budget, (ours, imports, budget)

@@ -74,16 +74,41 @@ def read_config(path: str | Path) -> PretrainedConfig:
 
 @dataclass(frozen=True)
 class GgufTensor:
-    """One tensor of a file: its name, shape [out, in] (torch order), type and raw bytes (mapped)."""
+    """One tensor of a file: its name, shape [out, in] (torch order), type, and where its bytes are.
+    The bytes are read when asked for, not mapped: a mapping's pages count in the process's RSS
+    while it is open, so a mapped file stays resident beside the backend's own copy."""
 
     name: str
     shape: tuple[int, ...]
     kind: GGMLQuantizationType
-    raw: np.ndarray  # [rows, bytes per row] uint8
+    path: Path
+    start: int  # byte offset in the file
+    size: int  # bytes
+
+    def raw(self) -> np.ndarray:
+        """The stored bytes [rows, bytes per row] uint8, read from the file."""
+        out = np.empty(self.size, dtype=np.uint8)
+        self._read(out, self.start)
+        return out.reshape(prod(self.shape[:-1]), -1)
 
     def values(self) -> np.ndarray:
         """De-quantized by gguf-py, as transformers' legacy path does: the same values."""
-        return dequantize(self.raw, self.kind).reshape(self.shape)
+        return dequantize(self.raw(), self.kind).reshape(self.shape)
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows start:stop of a matrix [out, in], de-quantized (a block never spans two rows)."""
+        stop = min(stop, self.shape[0])
+        row_bytes = self.size // self.shape[0]
+        out = np.empty((stop - start) * row_bytes, dtype=np.uint8)
+        self._read(out, self.start + start * row_bytes)
+        return dequantize(out.reshape(stop - start, row_bytes), self.kind).reshape(stop - start, self.shape[1])
+
+    def _read(self, out: np.ndarray, at: int) -> None:
+        with open(self.path, "rb", buffering=0) as handle:
+            handle.seek(at)
+            read = handle.readinto(memoryview(out))
+        if read != out.size:
+            raise ValueError(f"the file ends inside tensor {self.name} (read {read} of {out.size} bytes): truncated?")
 
 
 def read_table(path: str | Path) -> tuple[dict, list[GgufTensor]]:
@@ -105,8 +130,7 @@ def read_table(path: str | Path) -> tuple[dict, list[GgufTensor]]:
         if start + size > blob.size:
             raise ValueError(f"the file ends inside tensor {name} (bytes {start}-{start + size} of {blob.size}): "
                              "truncated?")
-        raw = blob[start:start + size].reshape(prod(shape[:-1]), -1)
-        tensors.append(GgufTensor(name, tuple(shape), kind, raw))
+        tensors.append(GgufTensor(name, tuple(shape), kind, Path(path), start, size))
     return metadata, tensors
 
 

@@ -173,14 +173,14 @@ class NativeWeights:
             max_length = min(max_length, int(window))  # beyond the window the model attends differently
         tied = LM_HEAD not in present and getattr(config, "tie_word_embeddings", False)
         if tied and precision.weights == "dense":
-            embed = cast(source.get(EMBED))
+            embed = source.read(EMBED, dtype).to(device)
             lm_head = dense(embed, None)
         else:  # the head before the embedding: its full-width read then meets one fewer vocab-sized tensor
             # The head's error goes straight into the logits: rounding it to 4 bits from scratch raised
             # the default target's KL from fp32 from 0.004 (int8 head) to 0.066, so it gets int8.
             lm_head = linear(["lm_head"], "int8")
             give_back_freed_memory()
-            embed = cast(source.get(EMBED))
+            embed = source.read(EMBED, dtype).to(device)
         if gemma:
             full, local = rotary.full_attention_inv_freq, rotary.sliding_attention_inv_freq
             return cls(embed, layers, norm("model.norm"), lm_head, full.detach().float(),

@@ -24,7 +24,7 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorPr
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.gguf_blocks import BLOCK_BYTES, unpack_int4_blocks
 from quickdraft.models.gguf_convert import GgufTensor, gguf_to_hf_names, read_table
-from quickdraft.models.quantize import Int4Weight
+from quickdraft.models.quantize import ROWS_AT_ONCE, Int4Weight
 
 EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
@@ -44,6 +44,10 @@ class WeightSource(Protocol):
     def read_into(self, name: str, out: torch.Tensor) -> None:
         """One tensor's values written into `out` (its shape, any dtype), with no copy where the
         source can read straight into it."""
+
+    def read(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """One tensor in `dtype`, read straight into its own memory (a model's own tensor when it
+        already has that dtype)."""
 
     def int4_blocks(self, name: str) -> Int4Weight | None:
         """The file's own 4-bit blocks of a weight (Q4_0, Q4_1, Q4_K), in transformers' row order
@@ -119,7 +123,7 @@ def fused(source: WeightSource, names: list[str], dtype: torch.dtype) -> torch.T
     """The matrices `names` [out_i, in] stacked along outputs [sum out_i, in] in `dtype`, each read
     into its own rows (no stacked copy); one matrix is the source's own tensor (a model's is shared)."""
     if len(names) == 1:
-        return source.get(names[0]).to(dtype)
+        return source.read(names[0], dtype)
     rows = [source.shape(name)[0] for name in names]
     out = torch.empty(sum(rows), source.shape(names[0])[1], dtype=dtype)
     for name, part in zip(names, out.split(rows)):
@@ -152,6 +156,9 @@ class ModuleWeights:
 
     def read_into(self, name: str, out: torch.Tensor) -> None:
         out.copy_(self.get(name))
+
+    def read(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        return self.get(name).to(dtype)
 
     def int4_blocks(self, name: str) -> Int4Weight | None:
         return None
@@ -203,9 +210,12 @@ class SafetensorsWeights:
         return self._stored[name].shape
 
     def get(self, name: str) -> torch.Tensor:
-        tensor = torch.empty(self.shape(name), dtype=self._stored[name].dtype)
-        self.read_into(name, tensor)
-        return tensor
+        return self.read(name, self._stored[name].dtype if name in self._stored else torch.float32)
+
+    def read(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty(self.shape(name), dtype=dtype)
+        self.read_into(name, out)
+        return out
 
     def read_into(self, name: str, out: torch.Tensor) -> None:
         stored = self._stored[name]
@@ -279,20 +289,53 @@ class GgufWeights:
         return self.tensor(name).shape
 
     def read_into(self, name: str, out: torch.Tensor) -> None:
-        out.copy_(self.get(name))
+        """De-quantized ROWS_AT_ONCE rows at a time straight into `out` when the architecture's
+        processor only reorders this tensor's rows (gguf-py's de-quantizer makes several
+        full-size fp32 temporaries: 1.6 GB for a 1B model's embedding), else whole."""
+        tensor = self.tensor(name)
+        order = self._row_order(tensor)
+        if order is None:
+            out.copy_(self._processed(tensor, tensor.values()))
+            return
+        rows = out.view(-1, tensor.shape[-1])
+        for start in range(0, tensor.shape[0], ROWS_AT_ONCE):
+            part = torch.from_numpy(tensor.rows(start, start + ROWS_AT_ONCE))
+            rows[order[start:start + ROWS_AT_ONCE]] = part.to(out.dtype)
 
     def get(self, name: str) -> torch.Tensor:
-        tensor = self.tensor(name)
+        return self.read(name, torch.float32)
+
+    def read(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty(self.shape(name), dtype=dtype)
+        self.read_into(name, out)
+        return out
+
+    def _processed(self, tensor: GgufTensor, values: np.ndarray) -> torch.Tensor:
         parsed: dict[str, dict] = {"config": self._config, "tensors": {}}
-        result = self._processor.process(weights=tensor.values(), name=tensor.name,
-                                         tensor_key_mapping=self._gguf_names, parsed_parameters=parsed)
+        result = self._processor.process(weights=values, name=tensor.name, tensor_key_mapping=self._gguf_names,
+                                         parsed_parameters=parsed)
         return torch.from_numpy(np.array(result.weights, dtype=np.float32))
+
+    def _row_order(self, tensor: GgufTensor) -> torch.Tensor | None:
+        """Where the processor puts each stored row of a matrix (out[order[i]] = stored row i),
+        found by processing the row indices; None when it does more than reorder rows (or the
+        tensor is not a matrix)."""
+        if len(tensor.shape) != 2:
+            return None
+        index = np.arange(tensor.shape[0], dtype=np.float32)[:, None]
+        moved = np.asarray(self._processed(tensor, index))
+        if moved.shape != index.shape or not np.array_equal(np.sort(moved[:, 0]), index[:, 0]):
+            return None
+        placed = torch.from_numpy(moved[:, 0].astype(np.int64))  # out row r holds stored row placed[r]
+        order = torch.empty_like(placed)
+        order[placed] = torch.arange(len(placed))
+        return order
 
     def int4_blocks(self, name: str) -> Int4Weight | None:
         tensor = self.tensor(name)
         if tensor.kind not in BLOCK_BYTES:
             return None
-        weight = unpack_int4_blocks(np.asarray(tensor.raw), tensor.kind)
+        weight = unpack_int4_blocks(tensor.raw(), tensor.kind)
         # The processor's row permutation (Llama's q and k), applied to the row indices.
         rows = np.arange(weight.q.shape[0])[:, None]
         order = torch.from_numpy(np.ascontiguousarray(self._processor.process(rows, tensor.name).weights[:, 0]))
