@@ -144,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--draft", help="draft model: hub id, folder or .gguf file")
     plan.add_argument("--head", help="folder of an EAGLE or Medusa head (its file size counts as the draft)")
     plan.add_argument("--max-batch", type=int, default=1, help="sequences decoded together")
-    plan.add_argument("--context", type=int, help="tokens per sequence (default: the target's context length)")
+    plan.add_argument("--context", type=int, help="tokens per sequence (default: the target's context length; llama.cpp: its one "
+                      "pool's cells, at most 4096 unless --context says)")
     plan.add_argument("--memory", help="what there is, e.g. 8GiB: say whether it fits and what to cut")
     plan.add_argument("--backend", choices=["native", "static", "hf", "llama.cpp"],
                       help="default: static on cuda, else native")

@@ -112,7 +112,8 @@ class Decoder:
                 kind, precision = "auto", default_precision(self.device)
             if kind == STATIC and not static_supports(loaded.config):  # a draft model of another architecture
                 kind = "hf"
-            return make_backend(loaded, kind, precision, str(self.device), layers, measure_shapes, cache_dir)
+            return make_backend(loaded, kind, precision, str(self.device), layers, measure_shapes, cache_dir,
+                                config.context)
 
         self.target_backend = backend_for(target)
         shapes = shapes_folder(cache_dir) if measure_shapes else None

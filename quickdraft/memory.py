@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from quickdraft.backends.llama_cpp import DEFAULT_CELLS
 from quickdraft.errors import QuickdraftError
 
 GIB = 1 << 30
@@ -255,6 +256,8 @@ def plan_memory(target: ModelShape, draft: ModelShape | None = None, *, backend:
                 head_bytes: int = 0, rows: int = 16, packed: bool | None = None) -> MemoryReport:
     """What `max_batch` sequences of `context` tokens need on `backend` at `precision`, from shapes alone.
     rows: tokens per pass per sequence (the static backend: always its 64)."""
+    if context is None and backend == "llama.cpp":  # its pool is allocated up front, capped
+        context = min(target.context, DEFAULT_CELLS)
     context = min(context or target.context, target.context)
     if backend == "static":
         rows = 64

@@ -163,6 +163,9 @@ OPTIONS: tuple[Option, ...] = (
            model=True),
     Option("device", "auto (a CUDA GPU when present, else the CPU), cpu or cuda (cuda:N)", kind=str,
            default="auto", model=True, validate=lambda value: check_device(value)),
+    Option("context", "llama.cpp backend: tokens its KV pool holds, shared by all sequences and allocated up "
+           "front (default: the model's context length, at most 4096); other backends allocate each "
+           "sequence's cache as it grows", low=1, model=True),
 )
 OPTION = {option.name: option for option in OPTIONS}
 MODEL_OPTIONS = tuple(o.name for o in OPTIONS if o.model)

@@ -13,7 +13,7 @@ from quickdraft.sampling import SamplingParams, logits_to_probs
 
 from conftest import DEVICES, loaded, perturbed_copy, tiny_llama
 from faults import FaultyDrafter
-from stats_util import chi_square_p_value
+from stats_util import chi_square_p_value, sample_batched
 
 PROMPTS = [[1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [30, 4, 17, 30, 4]]
 
@@ -153,9 +153,8 @@ def exact_joint(model, prompt: list[int], params: SamplingParams) -> torch.Tenso
 
 def sampled_joint(decoder: Decoder, prompt: list[int], params: SamplingParams, k: int) -> torch.Tensor:
     counts = torch.zeros(VOCAB, VOCAB)
-    for seed in range(RUNS):
-        out = decoder.generate(prompt, max_new_tokens=k + 1, temperature=params.temperature,
-                               top_k=params.top_k, top_p=params.top_p, seed=seed)
+    for out in sample_batched(decoder, prompt, RUNS, k + 1, temperature=params.temperature, top_k=params.top_k,
+                              top_p=params.top_p):
         counts[out.token_ids[0], out.token_ids[1]] += 1
     return counts
 

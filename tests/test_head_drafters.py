@@ -15,7 +15,7 @@ from quickdraft.heads.eagle3 import Eagle3Config
 from quickdraft.heads.train import TrainSettings, train_eagle, train_medusa
 from quickdraft.heads.train_eagle3 import train_eagle3
 from quickdraft.sampling import SamplingParams, logits_to_probs
-from stats_util import chi_square_p_value
+from stats_util import chi_square_p_value, sample_batched
 
 
 def train_heads(model, folder, vocab):
@@ -155,9 +155,8 @@ def test_sampled_output_follows_the_target(small, method, params, lookup):
                       tree_nodes=5, lookup=lookup)
     counts = torch.zeros(VOCAB, VOCAB)
     trees = 0
-    for seed in range(RUNS):
-        out = decoder.generate(prompt, max_new_tokens=3, temperature=params.temperature, top_k=params.top_k,
-                               top_p=params.top_p, seed=seed)
+    for out in sample_batched(decoder, prompt, RUNS, 3, temperature=params.temperature, top_k=params.top_k,
+                              top_p=params.top_p):
         counts[out.token_ids[0], out.token_ids[1]] += 1
         trees += out.steps[0].accepted >= 1
     assert trees > RUNS // 10, "the first pass must accept tree nodes for the test to bite"

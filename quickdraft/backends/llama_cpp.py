@@ -155,9 +155,16 @@ class LlamaCppCache:
         self.start = self.length
 
 
+# Cache cells llama.cpp allocates up front when none are asked for: the model's trained context,
+# at most this many. An 8B model trained on 128k tokens would otherwise hold 16 GiB of KV
+# before its first token (4,096 cells: 512 MiB at Llama-3-8B's shape, 92 MiB at SmolLM2's).
+DEFAULT_CELLS = 4096
+
+
 class LlamaCppBackend:
     """A GGUF model run by llama.cpp for many caches. cells: cache cells shared by all sequences
-    (each sequence may hold up to max_length of them); threads: llama.cpp's CPU threads."""
+    (each sequence may hold up to max_length of them; default: the trained context, at most
+    DEFAULT_CELLS); threads: llama.cpp's CPU threads."""
 
     def __init__(self, gguf: str | Path, name: str, tokenizer: PreTrainedTokenizerBase | None = None,
                  eos_ids: frozenset[int] = frozenset(), threads: int | None = None, cells: int | None = None,
@@ -177,7 +184,7 @@ class LlamaCppBackend:
         trained = int(lib.llama_model_n_ctx_train(model))
         self.max_sequences = min(max_sequences, int(lib.llama_max_parallel_sequences()))
         params = lib.llama_context_default_params()
-        params.n_ctx = cells or trained
+        params.n_ctx = cells or min(trained, DEFAULT_CELLS)
         params.n_batch = params.n_ctx  # a whole prompt in one decode (llama.cpp splits it into ubatches)
         params.n_ubatch = 512
         params.n_seq_max = self.max_sequences
@@ -200,6 +207,7 @@ class LlamaCppBackend:
         self._context, self._memory = context, self.handles.memory
         weakref.finalize(self, self.handles.close)
         self.cells = int(lib.llama_n_ctx(context))
+        self.batch_tokens = int(lib.llama_n_batch(context))  # the most tokens one decode may take
         self.max_length = min(trained, self.cells)
         vocab = lib.llama_model_get_vocab(model)
         self.vocab_size = int(lib.llama_vocab_n_tokens(vocab))
@@ -351,15 +359,19 @@ class LlamaCppBackend:
 
     def _run(self, passes: list[SeqPass], layouts: list[_Layout]) -> tuple[list[dict], list[dict]]:
         """Decode every layout: the first pass of each sequence (its prompt, the same pass whatever
-        the method) together in one decode that llama.cpp splits as it likes (its fast tiled path
-        for long prompts); every later pass in decodes of at most exact_rows tokens, where each
+        the method or the batch) alone, in decodes of up to batch_tokens that llama.cpp splits as it
+        likes (its fast tiled path for long prompts); every later pass in decodes of at most exact_rows tokens, where each
         row gets the bits a one-token pass gives it. Returns, per pass, its logits rows and
         hidden rows by place in its layout."""
         entries = [(k, i) for k, layout in enumerate(layouts) for i in range(len(layout.tokens))]
         first = [(k, i) for k, i in entries if passes[k].cache.length == 0]
         later = [(k, i) for k, i in entries if passes[k].cache.length > 0]
-        step = self.exact_rows
-        chunks = ([first] if first else []) + [later[j : j + step] for j in range(0, len(later), step)]
+        step, most = self.exact_rows, self.batch_tokens
+        chunks = []
+        for k in sorted({k for k, _ in first}):  # a prompt alone: its rows' bits do not depend on others'
+            own = [entry for entry in first if entry[0] == k]
+            chunks += [own[j : j + most] for j in range(0, len(own), most)]  # llama.cpp aborts on a longer batch
+        chunks += [later[j : j + step] for j in range(0, len(later), step)]
         logits: list[dict] = [{} for _ in passes]
         hidden: list[dict] = [{} for _ in passes]
         try:

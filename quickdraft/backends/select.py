@@ -232,14 +232,15 @@ def uses_native(loaded: LoadedModel, kind: str, precision: str | None = None) ->
 
 def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32", device: str = "cpu",
                  layers: list[int] | None = None, measure: bool = True,
-                 cache_dir: str | os.PathLike | None = None) -> Backend:
+                 cache_dir: str | os.PathLike | None = None, context: int | None = None) -> Backend:
     """The backend for `loaded` (only `layers` of it, for self-speculation), made once per setting
     and kept in `loaded.backends`: every decoder over the model shares it. measure: time pass
-    shapes on this machine (once, cached under cache_dir) and use the fastest."""
+    shapes on this machine (once, cached under cache_dir) and use the fastest. context: the
+    llama.cpp backend's KV cells (None: llama_cpp.DEFAULT_CELLS at most)."""
     check_precision(precision, kind)
     device = resolve_device(device)
     if kind == LLAMA_CPP or precision == GGUF:
-        return _llama_cpp_backend(loaded, device, layers, measure, cache_dir)
+        return _llama_cpp_backend(loaded, device, layers, measure, cache_dir, context)
     if kind == STATIC:
         return _static_backend(loaded, precision, device, layers, measure, cache_dir)
     native = uses_native(loaded, kind, precision)
@@ -281,7 +282,7 @@ def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32
 
 
 def _llama_cpp_backend(loaded: LoadedModel, device: torch.device, layers: list[int] | None, measure: bool,
-                       cache_dir: str | os.PathLike | None) -> Backend:
+                       cache_dir: str | os.PathLike | None, context: int | None = None) -> Backend:
     """llama.cpp runs whole GGUF models, on as many threads as torch uses (the CLI's --threads); a
     layer subset (self-speculation) runs on the native backend with the file's own 4-bit blocks
     (fp32 for an architecture it runs at fp32 only, Gemma 3: a drafter's precision is not exactness)."""
@@ -290,9 +291,9 @@ def _llama_cpp_backend(loaded: LoadedModel, device: torch.device, layers: list[i
         precision = "int4" if supports(loaded.config, "int4") else "fp32"
         return make_backend(loaded, "native", precision, str(device), layers, measure, cache_dir)
     threads = torch.get_num_threads()
-    key = (LLAMA_CPP, threads)
+    key = (LLAMA_CPP, threads, context)
     if key not in loaded.backends:
-        backend = LlamaCppBackend(gguf, loaded.name, loaded.tokenizer, loaded.eos_ids, threads)
+        backend = LlamaCppBackend(gguf, loaded.name, loaded.tokenizer, loaded.eos_ids, threads, cells=context)
         folder, signature = shapes_folder(cache_dir), {"file": file_key(gguf), "threads": threads}
         # Exactness, not speed: checked whatever measure says (seconds, once per machine and file).
         backend.exact_rows = int(cached_choice(folder, {"check": "llama.cpp exact rows", **signature},
