@@ -15,8 +15,9 @@ import pytest
 import torch
 
 import quickdraft
+from quickdraft import Decoder
 from quickdraft.backends.base import SeqPass
-from quickdraft.backends.llama_cpp import LlamaCppBackend, llama_cpp_installed
+from quickdraft.backends.llama_cpp import DEFAULT_CELLS, LlamaCppBackend, llama_cpp_installed
 from quickdraft.backends.select import make_backend
 from quickdraft.errors import QuickdraftError
 from quickdraft.models import default_gguf_path
@@ -59,7 +60,20 @@ def rows(backend: LlamaCppBackend, tokens: list[int], new: list[int]) -> torch.T
 def test_it_is_the_gguf_file_on_llama_cpp(decoder, backend):
     assert decoder.backend_kind == "llama.cpp" and decoder.precision == "gguf"
     assert backend.vocab_size == decoder.target.model.get_output_embeddings().weight.shape[0]
-    assert backend.max_length == 8192 and backend.hidden_size == 576
+    # The trained context is 8192; the pool llama.cpp allocates up front is capped unless asked for.
+    assert backend.max_length == DEFAULT_CELLS == 4096 and backend.hidden_size == 576
+
+
+def test_the_context_option_sizes_the_pool_and_the_plan_counts_it(decoder):
+    from quickdraft.memory import loaded_memory
+
+    wide = Decoder(decoder.target, None, "none", backend="llama.cpp", context=8192, measure_shapes=False)
+    assert wide.target_backend.max_length == wide.context_length == 8192
+    narrow = Decoder(decoder.target, None, "none", backend="llama.cpp", context=256, measure_shapes=False)
+    assert narrow.context_length == 256
+    assert loaded_memory(wide).kv_total == 32 * loaded_memory(narrow).kv_total
+    with pytest.raises(QuickdraftError, match="context"):
+        Decoder(decoder.target, None, "none", backend="llama.cpp", context=0)
 
 
 def test_logits_match_the_native_int4_backend(decoder, backend):

@@ -130,3 +130,15 @@ def test_pass_costs_timed_while_the_cores_were_busy_are_used_not_kept(tmp_path):
     assert not list(tmp_path.rglob("*.json"))  # nothing cached: a quiet load measures again
     measure_pass_costs(SleepingBackend("meta"), tmp_path, progress=False)  # not a CPU: waiting is the device's
     assert len(list(tmp_path.rglob("*.json"))) == 1
+
+
+def test_the_bf16_kernel_is_measured_once_and_kept(tmp_path):
+    from quickdraft.backends.shapes import measure_dense_kernel
+    from quickdraft.models.weights import ModuleWeights
+
+    source = ModuleWeights(tiny_llama(seed=1))
+    chosen = measure_dense_kernel(source.get, tmp_path, progress=False)
+    assert chosen in ("bf16", "rows")
+    kept = sorted(tmp_path.rglob("*"))
+    assert kept and measure_dense_kernel(source.get, tmp_path, progress=False) == chosen
+    assert sorted(tmp_path.rglob("*")) == kept

@@ -176,29 +176,36 @@ def measure_pad_plan(backend, folder: Path | None, progress: bool = True) -> dic
     return {int(n): int(size[0]) for n, size in choice.items() if size[0] > int(n)}
 
 
+DENSE_KERNEL_ROWS = (1, 4)  # a plain decoding pass and a typical verify pass
+
+
 def measure_dense_kernel(tensor: Callable[[str], torch.Tensor], folder: Path | None, progress: bool = True) -> str:
-    """"bf16" or "fp32": how this machine multiplies bf16 weights faster (natively, or widened to
-    fp32; see models/linear.py ColumnLinear), timed on the first layer's matrices at 16 rows.
-    tensor: a weight by its transformers name (LoadedModel.tensor)."""
-    from quickdraft.models.linear import ColumnLinear
+    """"bf16" or "rows": how this machine multiplies bf16 weights faster, as bf16 matrix columns
+    (ColumnLinear) or one row at a time (RowLinear; CPUs without bf16 arithmetic), timed on the
+    first layer's matrices at DENSE_KERNEL_ROWS rows. Both keep the weights in bf16: widening
+    them to fp32 would double a bf16 model's memory. tensor: a weight by its transformers name
+    (LoadedModel.tensor)."""
+    from quickdraft.models.linear import ColumnLinear, RowLinear
 
     matrices = [tensor(f"model.layers.0.{name}.weight")
                 for name in ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")]
-    signature = {"backend": "native", "dense": "bf16", "shapes": [list(m.shape) for m in matrices]}
+    signature = {"backend": "native", "dense": "bf16 columns or rows", "rows": list(DENSE_KERNEL_ROWS),
+                 "shapes": [list(m.shape) for m in matrices]}
 
     def measure() -> str:
         weights = [m.detach().to(torch.bfloat16) for m in matrices]
-        kinds = {"bf16": [ColumnLinear(w) for w in weights], "fp32": [ColumnLinear(w.float()) for w in weights]}
-        xs = [torch.randn(16, w.shape[1], generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-              for w in weights]
+        kinds = {"bf16": [ColumnLinear(w) for w in weights], "rows": [RowLinear(w) for w in weights]}
+        generator = torch.Generator().manual_seed(0)
+        xs = {n: [torch.randn(n, w.shape[1], generator=generator).to(torch.bfloat16) for w in weights]
+              for n in DENSE_KERNEL_ROWS}
         costs: dict[str, list[float]] = {kind: [] for kind in kinds}
         with torch.inference_mode():
             for _ in tqdm(range(REPEATS), desc="quickdraft: timing bf16 matrix products (once)", unit="round",
                           disable=not progress, file=sys.stderr):
                 for kind, linears in kinds.items():
-                    costs[kind].append(wall_ms(lambda: [linear(x) for linear, x in zip(linears, xs)]))
-        # Widening doubles the bytes read: take it only where bf16 arithmetic is clearly slower.
-        return "fp32" if statistics.median(costs["fp32"]) < 0.5 * statistics.median(costs["bf16"]) else "bf16"
+                    costs[kind].append(sum(wall_ms(lambda: [linear(x) for linear, x in zip(linears, xs[n])])
+                                           for n in DENSE_KERNEL_ROWS))
+        return min(kinds, key=lambda kind: statistics.median(costs[kind]))
 
     return str(cached_choice(folder, signature, measure))
 

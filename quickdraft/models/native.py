@@ -19,7 +19,7 @@ from tqdm import tqdm
 from transformers import PretrainedConfig, PreTrainedModel
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.linear import ColumnLinear, PackedLinear
+from quickdraft.models.linear import ColumnLinear, PackedLinear, RowLinear
 from quickdraft.models.precision import Precision, get_precision
 from quickdraft.models.quantize import stack_int4
 from quickdraft.models.quantized_linear import Int4Linear, Int8Linear, fused_quantized_linear, int4_fits
@@ -27,7 +27,7 @@ from quickdraft.models.row_attention import RowGroup
 from quickdraft.models.weights import (EMBED, LM_HEAD, ModuleWeights, WeightSource, fused, give_back_freed_memory,
                                       rotary_embedding, stored_name)
 
-Linear = PackedLinear | ColumnLinear | Int8Linear | Int4Linear
+Linear = PackedLinear | ColumnLinear | RowLinear | Int8Linear | Int4Linear
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma3_text")
 GEMMA3 = "gemma3_text"  # Gemma 3: (1 + w) norms, q/k norms, norms after attention and MLP, a scaled
@@ -94,8 +94,9 @@ class NativeWeights:
         `pack=False` keeps plain dense weights (F.linear), which torch.compile can trace.
         int4 takes a GGUF file's own 4-bit blocks where it has them (no second rounding).
         `device`: where every weight lives (int8/int4 kernels: CPU only).
-        `dense_kernel` (bf16 only): "fp32" multiplies the bf16 weights as fp32 numbers, for CPUs
-        without bf16 arithmetic (backends/shapes.py measures which is faster); "linear" (any dense
+        `dense_kernel` (bf16 only): "bf16" multiplies rows as bf16 matrix columns (ColumnLinear);
+        "rows" one row at a time (RowLinear), for CPUs without bf16 arithmetic (backends/shapes.py
+        measures which is faster); "fp32" widens the weights to fp32 (twice the memory); "linear" (any dense
         precision): plain F.linear, as the static backend's fixed shapes want."""
         if not supports(config):
             raise QuickdraftError(f"the native backend supports {', '.join(SUPPORTED_ARCHITECTURES)}, "
@@ -119,6 +120,8 @@ class NativeWeights:
             # bf16: row-invariant, so greedy speculation stays exact; fp32 differs only in rounding.
             if dtype == torch.float32 or dense_kernel == "linear":
                 return PackedLinear(weight, bias, pack and dense_kernel != "linear")
+            if dense_kernel == "rows":
+                return RowLinear(weight, bias)
             return ColumnLinear(weight.float() if dense_kernel == "fp32" else weight, bias)
 
         def linear(stems: list[str], requantize_as: str = precision.weights) -> Linear:
