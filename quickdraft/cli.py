@@ -9,11 +9,17 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from quickdraft.analysis import best_k, expected_tokens_per_pass, predicted_speedup, time_per_token
+from quickdraft.backends.kinds import AUTO, BACKENDS, all_precisions
 from quickdraft.errors import QuickdraftError
 from quickdraft.methods import METHODS
 from quickdraft.options import OPTIONS
+
+if TYPE_CHECKING:
+    from quickdraft.backends.select import Choice
+    from quickdraft.memory import ModelShape
 
 DEMO_PROMPT = "Write a Python function that checks whether a number is prime."
 
@@ -147,10 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--context", type=int, help="tokens per sequence (default: the target's context length; llama.cpp: its one "
                       "pool's cells, at most 4096 unless --context says)")
     plan.add_argument("--memory", help="what there is, e.g. 8GiB: say whether it fits and what to cut")
-    plan.add_argument("--backend", choices=["native", "static", "hf", "llama.cpp"],
-                      help="default: static on cuda, else native")
-    plan.add_argument("--precision", choices=["fp32", "bf16", "int8", "int4"],
-                      help="default: bf16 on cuda, else fp32 (llama.cpp: the file's own types)")
+    plan.add_argument("--backend", choices=BACKENDS, default=AUTO,
+                      help="default: auto, chosen as generate chooses it (without timing anything)")
+    plan.add_argument("--precision", choices=all_precisions(),
+                      help="default: bf16 on cuda, else fp32 (llama.cpp: the file's own types, gguf)")
     plan.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
 
     analyze = commands.add_parser("analyze", help="expected tokens per pass, predicted speedup, best K")
@@ -240,25 +246,39 @@ def _plan(args: argparse.Namespace) -> int:
     target = read_shape(args.target)
     draft = read_shape(args.draft) if args.draft else None
     head = sum(f.stat().st_size for f in Path(args.head).glob("*.safetensors")) if args.head else 0
-    backend = args.backend or ("static" if args.device == "cuda" else "native")
-    precision = args.precision or ("bf16" if args.device == "cuda" else "fp32")
+    choice = planned_choice(target, args.backend, args.precision, args.device)
+    backend, precision = choice.kind, choice.precision
     if args.context is not None and args.context > target.context:
         raise QuickdraftError(f"--context {args.context} is over {target.name}'s context length {target.context}")
     report = plan_memory(target, draft, backend=backend, precision=precision, device=args.device,
                          max_batch=args.max_batch, context=args.context, head_bytes=head)
-    print(f"{target.name} on the {backend} backend, {precision if backend != 'llama.cpp' else 'gguf'}, "
+    print(f"{target.name} on the {backend} backend, {precision}, "
           f"{args.device}" + (f", draft {draft.name}" if draft else "") + (f", head {args.head}" if head else ""))
     print("\n".join(report.lines()))
-    if args.backend is None and args.precision is None and args.device == "cpu" and target.gguf is not None:
-        from quickdraft.backends.choice import plan_line
-        from quickdraft.backends.select import choice_signature, shapes_folder
-
-        print(plan_line(shapes_folder(None), choice_signature(target.gguf, "fp32")))
+    print(f"backend {args.backend}: {choice.reason}")
     if budget is None:
         return 0
     fits, advice = fit_advice(report, budget, target, draft, backend, precision, args.device, head)
     print("\n".join(advice))
     return 0 if fits else 1
+
+
+def planned_choice(target: "ModelShape", backend: str, precision: str | None, device: str,
+                   cache_dir: str | os.PathLike | None = None) -> "Choice":
+    """The backend `generate` would choose for `target` (backends/select.py's one rule), without
+    timing anything: auto's llama.cpp-or-native verdict is the one kept on this machine, else the
+    default the first load keeps unless native is clearly faster."""
+    import torch
+
+    from quickdraft.backends.choice import planned_verdict
+    from quickdraft.backends.select import choice_signature, choose_backend, default_precision, shapes_folder
+
+    where = torch.device(device)  # planned for, not necessarily present here
+
+    def verdict():
+        return planned_verdict(shapes_folder(cache_dir), choice_signature(target.gguf, default_precision(where)))
+
+    return choose_backend(target.config, target.gguf, target.name, backend, precision, where, verdict=verdict)
 
 
 def _export_head(args: argparse.Namespace) -> int:

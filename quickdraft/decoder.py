@@ -11,19 +11,15 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from quickdraft.backends.kinds import AUTO
 from quickdraft.backends.select import (
-    GGUF,
-    LLAMA_CPP,
-    STATIC,
-    backend_reason,
-    check_precision,
-    default_precision,
+    auto_verdict,
+    choose_backend,
+    draft_backend,
     make_backend,
     observe_passes,
     resolve_device,
-    resolve_kind,
     shapes_folder,
-    static_supports,
 )
 from quickdraft.calibrate import calibrate_self_spec
 from quickdraft.draft_length import PassCosts, make_draft_length, prior_slope
@@ -94,24 +90,16 @@ class Decoder:
         self.config: MethodConfig = configure(method, draft is not None, k=k, **options)
         config = self.config
         self.device = resolve_device(config.device)
-        if config.precision is not None:
-            check_precision(config.precision, config.backend)
         # The backend that runs the target: "llama.cpp", "static", "native" or "hf" (auto resolved here).
-        inner = reads_inner_layers(target, config)
-        self.backend_kind = resolve_kind(target, config.backend, config.precision, self.device, measure_shapes,
-                                         cache_dir, inner)
-        self.backend_reason = backend_reason(target, config.backend, config.precision, self.device,
-                                             self.backend_kind, inner)
-        self.precision = GGUF if self.backend_kind == LLAMA_CPP else config.precision or default_precision(self.device)
-        check_precision(self.precision, self.backend_kind)
+        choice = choose_backend(target.config, target.gguf, target.name, config.backend, config.precision,
+                                self.device, reads_inner_layers(target, config),
+                                (lambda: auto_verdict(target, self.device, cache_dir)) if measure_shapes else None)
+        self.backend_kind, self.precision, self.backend_reason = choice.kind, choice.precision, choice.reason
         self._cache_dir, self._measure = cache_dir, measure_shapes
 
         def backend_for(loaded: LoadedModel, layers: list[int] | None = None):
-            kind, precision = self.backend_kind, self.precision
-            if kind == LLAMA_CPP and loaded.gguf is None:  # a draft model that is not a GGUF file runs natively
-                kind, precision = "auto", default_precision(self.device)
-            if kind == STATIC and not static_supports(loaded.config):  # a draft model of another architecture
-                kind = "hf"
+            kind, precision = (self.backend_kind, self.precision) if loaded is target else \
+                draft_backend(self.backend_kind, self.precision, loaded, self.device)
             return make_backend(loaded, kind, precision, str(self.device), layers, measure_shapes, cache_dir,
                                 config.context)
 
@@ -152,7 +140,7 @@ class Decoder:
         same = method is None or method == self.method
         kept = {name: value for name, value in self.config.given if same or name in MODEL_OPTIONS}
         kept["precision"] = self.precision
-        if options.get("backend", self.backend_kind) not in (self.backend_kind, "auto"):
+        if options.get("backend", self.backend_kind) not in (self.backend_kind, AUTO):
             kept.pop("precision")  # another backend: its own default precision
         if k is not None:
             kept.pop("k", None)
@@ -260,7 +248,7 @@ class Decoder:
     def finish(self, generation: Generation) -> GenerationOutput:
         """Package a finished Generation: its text ends before a stop string."""
         new_ids = generation.new_tokens
-        if self.config.backend == "auto" and observe_passes(
+        if self.config.backend == AUTO and observe_passes(
                 self.target, self.device, self._cache_dir,
                 [step.verify_time for step in generation.steps if not step.draft_tokens]):
             print(f"quickdraft: this run's one-token passes came clearly faster than when auto chose the "

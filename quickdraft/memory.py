@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from quickdraft.backends.llama_cpp import DEFAULT_CELLS
+from quickdraft.backends.kinds import NATIVE, SPECS, spec_for
 from quickdraft.errors import QuickdraftError
 
 GIB = 1 << 30
@@ -47,6 +47,7 @@ class ModelShape:
     tied: bool
     file_bytes: int | None = None  # a GGUF file's tensor bytes (what llama.cpp maps)
     gguf: Path | None = None  # the GGUF file the shape was read from
+    config: object = field(default=None, compare=False, repr=False)  # the transformers config, where read
 
     @property
     def layer_linear_params(self) -> int:
@@ -72,12 +73,14 @@ def shape_from_config(config, name: str = "model", file_bytes: int | None = None
                       config.num_attention_heads, getattr(config, "num_key_value_heads", None)
                       or config.num_attention_heads, head_dim, config.vocab_size,
                       int(config.max_position_embeddings), bool(getattr(config, "tie_word_embeddings", False)),
-                      file_bytes)
+                      file_bytes, config=config)
 
 
 def shape_from_gguf(path: Path) -> ModelShape:
     """The header of a GGUF file (its metadata and tensor table; the weights stay on disk)."""
     from gguf import GGUFReader
+
+    from quickdraft.models.gguf_convert import gguf_config
 
     reader = GGUFReader(path)
 
@@ -98,7 +101,7 @@ def shape_from_gguf(path: Path) -> ModelShape:
                       heads, field_value(f"{arch}.attention.head_count_kv", heads),
                       field_value(f"{arch}.attention.key_length", hidden // heads), vocab,
                       field_value(f"{arch}.context_length"), "output.weight" not in names,
-                      sum(int(t.n_bytes) for t in reader.tensors), path)
+                      sum(int(t.n_bytes) for t in reader.tensors), path, gguf_config(path)[0])
 
 
 def read_shape(source: str | os.PathLike | None) -> ModelShape:
@@ -139,10 +142,11 @@ def backend_weight_bytes(shape: ModelShape, backend: str, precision: str, device
     """Bytes of a backend's weights, read from the model's file.
     packed: oneDNN keeps a packed copy of each fp32 linear weight (None: where this torch has it)."""
     packed = torch.backends.mkldnn.is_available() if packed is None else packed
-    if backend == "llama.cpp":
+    spec = SPECS[backend]
+    if spec.weights == "file":
         return shape.file_bytes or 0
-    if backend == "hf":
-        return shape.params * 4  # the fp32 transformers model it builds
+    if spec.weights == "transformers":
+        return shape.params * ACTIVATION_BYTES[precision]  # the transformers model it builds
     act = ACTIVATION_BYTES[precision]
     embed = shape.vocab * shape.hidden
     norms = (2 * shape.layers + 1) * shape.hidden
@@ -150,7 +154,7 @@ def backend_weight_bytes(shape: ModelShape, backend: str, precision: str, device
     head = 0 if shape.tied else embed
     if precision in ("fp32", "bf16"):
         total = (embed + norms + linear + head) * act  # every tensor at the precision
-        if backend == "native" and precision == "fp32" and device == "cpu" and packed:
+        if spec.packed and precision == "fp32" and device == "cpu" and packed:
             total += (linear + (embed if shape.tied else head)) * 4  # oneDNN's packed copies beside them
         return total
     # Quantized: embeddings and norms cast to bf16; linears int8 (a scale per output) or int4 (a
@@ -163,12 +167,12 @@ def backend_weight_bytes(shape: ModelShape, backend: str, precision: str, device
 
 def kv_bytes_per_token(shape: ModelShape, backend: str, precision: str) -> int:
     """One token's keys and values, all layers, as the backend stores them."""
-    per = shape.kv_entry_values()
-    if backend == "llama.cpp":
-        return per * 2  # f16
-    if backend == "static":
+    per, spec = shape.kv_entry_values(), SPECS[backend]
+    if spec.kv == "f16":
+        return per * 2
+    if spec.kv == "activations":
         return per * ACTIVATION_BYTES[precision]
-    ones = backend == "native" and precision != "fp32"  # values carry a ones column below fp32
+    ones = spec.kv_ones and precision != "fp32"  # values carry a ones column below fp32
     return (per + (shape.layers * shape.kv_heads if ones else 0)) * 4
 
 
@@ -251,26 +255,26 @@ def parse_bytes(text: str) -> int:
         raise QuickdraftError(f"memory must be a size like 8GiB or 512MiB, got {text!r}", "memory") from None
 
 
-def plan_memory(target: ModelShape, draft: ModelShape | None = None, *, backend: str = "native",
+def plan_memory(target: ModelShape, draft: ModelShape | None = None, *, backend: str = NATIVE,
                 precision: str = "fp32", device: str = "cpu", max_batch: int = 1, context: int | None = None,
                 head_bytes: int = 0, rows: int = 16, packed: bool | None = None) -> MemoryReport:
     """What `max_batch` sequences of `context` tokens need on `backend` at `precision`, from shapes alone.
     rows: tokens per pass per sequence (the static backend: always its 64)."""
-    if context is None and backend == "llama.cpp":  # its pool is allocated up front, capped
-        context = min(target.context, DEFAULT_CELLS)
+    spec = SPECS[backend]
+    if context is None and spec.pool_cells is not None:  # its pool is allocated up front, capped
+        context = min(target.context, spec.pool_cells)
     context = min(context or target.context, target.context)
-    if backend == "static":
-        rows = 64
+    rows = spec.rows or rows
     per_token = kv_bytes_per_token(target, backend, precision)
-    slots = context + rows if backend == "static" else context
+    slots = context + rows if spec.rows else context
     draft_bytes = head_bytes
     if draft is not None:
-        draft_backend = "native" if backend == "llama.cpp" and draft.file_bytes is None else backend
+        draft_backend = NATIVE if spec.needs_gguf and draft.gguf is None else backend
         draft_bytes += backend_weight_bytes(draft, draft_backend, precision, device, packed)
         per_token += kv_bytes_per_token(draft, draft_backend, precision)
     return MemoryReport(backend_weight_bytes(target, backend, precision, device, packed), draft_bytes, per_token,
                         per_token * slots, buffer_bytes(target, rows * max_batch), max_batch, context,
-                        shared_kv=backend == "llama.cpp", device=device)
+                        shared_kv=spec.shared_kv, device=device)
 
 
 def available_memory() -> int:
@@ -330,9 +334,8 @@ def loaded_memory(decoder, max_batch: int = 1, context: int | None = None) -> Me
     target = decoder.target_backend
     shape = shape_from_config(decoder.target.config, decoder.target.name)
     kind, precision = decoder.backend_kind, decoder.precision
+    spec = SPECS[kind]
     own = _backend_bytes(target)
-    if kind == "llama.cpp":
-        precision = "bf16"  # unused for llama.cpp's KV
     heads = tensor_bytes(*[head for key, head in decoder.target.heads.items()]) if decoder.target.heads else 0
     drafter_backend = getattr(decoder.drafter, "backend", None)
     draft_bytes = heads
@@ -341,22 +344,25 @@ def loaded_memory(decoder, max_batch: int = 1, context: int | None = None) -> Me
     if decoder.draft is not None and drafter_backend is not None and drafter_backend is not target:
         held.append(_weights(drafter_backend))
         draft_bytes += _backend_bytes(drafter_backend)
-        draft_kind = "native" if kind == "llama.cpp" and decoder.draft.gguf is None else kind
-        per_token += kv_bytes_per_token(shape_from_config(decoder.draft.config), draft_kind, precision)
+        draft_precision = getattr(_weights(drafter_backend), "precision", "fp32")  # a transformers model: fp32
+        per_token += kv_bytes_per_token(shape_from_config(decoder.draft.config), spec_for(drafter_backend).name,
+                                        draft_precision if isinstance(draft_precision, str) else "fp32")
     models = [m.built for m in (decoder.target, decoder.draft) if m is not None and m.built is not None]
     transformers = tensor_bytes(*models, *held) - tensor_bytes(*held)  # what the backends do not share
     context = min(context or decoder.context_length, decoder.context_length)
     rows = getattr(target, "rows", 16)
-    slots = context + rows if kind == "static" else context
+    slots = context + rows if spec.rows else context
     return MemoryReport(own, draft_bytes, per_token, per_token * slots, buffer_bytes(shape, rows * max_batch),
-                        max_batch, context, transformers, shared_kv=kind == "llama.cpp", device=decoder.device.type)
+                        max_batch, context, transformers, shared_kv=spec.shared_kv, device=decoder.device.type)
 
 
 def _backend_bytes(backend: object) -> int:
     """Bytes of a backend's weights: its GGUF file (llama.cpp maps it), or the tensors it holds."""
     gguf = getattr(backend, "gguf", None)
     if gguf is not None:
-        return shape_from_gguf(gguf).file_bytes or 0
+        from gguf import GGUFReader
+
+        return sum(int(t.n_bytes) for t in GGUFReader(gguf).tensors)
     return tensor_bytes(_weights(backend))
 
 
@@ -383,9 +389,9 @@ def fit_advice(report: MemoryReport, budget: int, target: ModelShape, draft: Mod
     if room > 0 and room // (sequences * report.kv_per_token) >= 1:
         context = min(report.context, room // (sequences * report.kv_per_token))
         lines.append(f"  --context {context} fits at this batch")
-    if backend in ("native", "static") and device == "cpu":
+    if device == "cpu":
         for smaller in ("bf16", "int8", "int4"):
-            if smaller == precision or (backend == "static" and smaller in ("int8", "int4")):
+            if smaller == precision or smaller not in SPECS[backend].precisions:
                 continue
             other = plan_memory(target, draft, backend=backend, precision=smaller, device=device,
                                 max_batch=report.max_batch, context=report.context, head_bytes=head_bytes)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from quickdraft.backends.kinds import BACKENDS, all_precisions
 from quickdraft.errors import QuickdraftError
 
 MAX_K = 64  # draft tokens per pass: beyond this a pass costs more than any draft can repay
@@ -156,10 +157,10 @@ OPTIONS: tuple[Option, ...] = (
            "when llama-cpp-python is installed and measured faster here, else native for Llama, Mistral, Qwen2; "
            "else transformers), native, hf (transformers), llama.cpp (GGUF files on llama.cpp's kernels) or static "
            "(fixed-shape passes, CUDA graphs on a GPU)", kind=str, default="auto",
-           choices=("auto", "native", "hf", "llama.cpp", "static"), model=True),
+           choices=BACKENDS, model=True),
     Option("precision", "fp32, bf16, int8 (per-channel weights) or int4 (groups of 32; a GGUF's own 4-bit "
            "blocks) on the native backend; gguf: the GGUF file's own types (the llama.cpp backend); default "
-           "fp32 on a CPU, bf16 on a GPU", kind=str, choices=("fp32", "bf16", "int8", "int4", "gguf"),
+           "fp32 on a CPU, bf16 on a GPU", kind=str, choices=all_precisions(),
            model=True),
     Option("device", "auto (a CUDA GPU when present, else the CPU), cpu or cuda (cuda:N)", kind=str,
            default="auto", model=True, validate=lambda value: check_device(value)),

@@ -14,7 +14,7 @@ from quickdraft.backends.choice import (
     cached_backend_choice,
     decide,
     observe,
-    plan_line,
+    planned_verdict,
 )
 from quickdraft.backends.llama_cpp import llama_cpp_installed
 from quickdraft.backends.shapes import read_choice, write_choice
@@ -67,11 +67,12 @@ def test_a_kept_wrong_choice_is_corrected_by_a_run_that_observes_otherwise(tmp_p
     assert read_choice(tmp_path, SIGNATURE) is None
     again = cached_backend_choice(tmp_path, SIGNATURE, lambda: QUIET_TRUE, "fp32")
     assert again.llama_cpp and again.keep and "kept" not in again.reason
-    assert "llama.cpp 12.0 ms" in plan_line(tmp_path, SIGNATURE)
+    assert "llama.cpp 12.0 ms" in planned_verdict(tmp_path, SIGNATURE).reason
 
 
 def test_plan_says_when_nothing_was_timed_yet(tmp_path):
-    assert "not timed on this machine yet" in plan_line(tmp_path, SIGNATURE)
+    planned = planned_verdict(tmp_path, SIGNATURE)
+    assert planned.llama_cpp and not planned.keep and "not timed on this machine yet" in planned.reason
 
 
 @pytest.mark.integration

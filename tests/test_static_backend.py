@@ -147,7 +147,7 @@ def test_the_decoder_takes_the_static_backend_and_refuses_what_it_cannot_run(tin
     decoder = Decoder(loaded(tiny_target, "t"), None, "none", backend="static", measure_shapes=False)
     assert decoder.backend_kind == "static" and decoder.precision == "fp32"
     assert isinstance(decoder.target_backend, StaticBackend)
-    with pytest.raises(QuickdraftError, match="dense weights"):
+    with pytest.raises(QuickdraftError, match="the static backend computes at fp32, bf16, not int4"):
         Decoder(loaded(tiny_target, "t"), None, "none", backend="static", precision="int4")
 
 

@@ -98,9 +98,9 @@ def time_pairs(fast: Backend, native: Backend, threads: int, rounds: int = ROUND
 def cached_backend_choice(folder: Path | None, signature: dict, measure: Callable[[], Timings],
                           precision: str) -> BackendChoice:
     """The kept verdict for this machine and file, or a new one from measure() (kept if clear)."""
-    record = read_choice(folder, signature)
-    if isinstance(record, dict) and "llama_cpp" in record:
-        return BackendChoice(**{**record, "reason": f"{record['reason']} (kept from an earlier load)"})
+    kept = planned_verdict(folder, signature)
+    if kept.keep:
+        return kept
     choice = decide(measure(), precision)
     if choice.keep:
         write_choice(folder, signature, asdict(choice))
@@ -120,10 +120,12 @@ def observe(folder: Path | None, signature: dict, choice: BackendChoice, one_tok
     return forget_choice(folder, signature)
 
 
-def plan_line(folder: Path | None, signature: dict) -> str:
-    """What `quickdraft plan` says of auto's backend choice for a GGUF target, without timing anything."""
+def planned_verdict(folder: Path | None, signature: dict) -> BackendChoice:
+    """What `quickdraft plan` takes for auto's verdict, without timing anything: the kept one, else
+    the default that the first load's timing keeps unless native is clearly faster."""
     record = read_choice(folder, signature)
-    if isinstance(record, dict) and "reason" in record:
-        return f"backend auto: {record['reason']}"
-    return ("backend auto: not timed on this machine yet; the first load times one-token passes of llama.cpp and "
-            "the native backend side by side (seconds) and keeps llama.cpp unless native is clearly faster")
+    if isinstance(record, dict) and "llama_cpp" in record:
+        return BackendChoice(**{**record, "reason": f"{record['reason']} (kept from an earlier load)"})
+    return BackendChoice(True, "llama.cpp: not timed on this machine yet; the first load times one-token passes of "
+                               "llama.cpp and the native backend side by side (seconds) and keeps llama.cpp unless "
+                               "native is clearly faster", keep=False)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from transformers import PretrainedConfig
@@ -23,23 +25,33 @@ from quickdraft.backends.shapes import (
     measure_pass_costs,
     measure_row_plan,
 )
+from quickdraft.backends.kinds import (
+    AUTO,
+    BACKENDS,
+    GGUF,
+    HF,
+    LLAMA_CPP,
+    NATIVE,
+    SPECS,
+    STATIC,
+    STATIC_ROWS,
+    BackendSpec,
+    check_backend_kind,
+    spec_of,
+    static_supports,
+)
 from quickdraft.errors import QuickdraftError
 from quickdraft.memory import GIB, available_memory, backend_weight_bytes, human, shape_from_config
 from quickdraft.models.layer_subset import layer_subset_model
 from quickdraft.models.loading import LoadedModel, default_cache_dir, file_key
-from quickdraft.models.native import GEMMA3, SUPPORTED_ARCHITECTURES, NativeWeights, supports
+from quickdraft.models.native import NativeWeights, supports
 from quickdraft.models.precision import PRECISIONS, get_precision
 
-LLAMA_CPP = "llama.cpp"
-GGUF = "gguf"  # the llama.cpp backend's precision: the GGUF file's own tensor types
-STATIC = "static"
-BACKENDS = ("auto", "native", "hf", LLAMA_CPP, STATIC)
-STATIC_ROWS = 64  # rows of every static pass: EAGLE-2's 60-node trees fit, and on a GPU 64 rows cost what 1 does
 STATIC_GRID = (1, 2, 4, 8, 16, 32, 64)  # pass sizes timed on the static backend (its tree budget comes from them)
 # Pass sizes timed on the native backend: every small size, because CPU kernels cost in steps
 # (PyTorch's int4 kernel takes rows four at a time: 5 rows cost about what 8 do).
 NATIVE_COST_GRID = (1, 2, 3, 4, 5, 6, 8, 12, 16)
-DEVICES = ("auto", "cpu", "cuda")
+DEVICES = (AUTO, "cpu", "cuda")
 # auto times llama.cpp against a native fp32 copy of a GGUF target (built for the timing) only when
 # that copy is small: at most TIMED_NATIVE_BYTES and TIMED_NATIVE_SHARE of the free memory. A larger
 # copy reads over 2 GiB a token, which no CPU's bandwidth turns into a win over the file's own
@@ -65,123 +77,128 @@ def default_precision(device: torch.device) -> str:
     return "bf16" if device.type == "cuda" else "fp32"
 
 
-def check_backend_kind(kind: str) -> None:
-    if kind not in BACKENDS:
-        raise QuickdraftError(f"unknown backend {kind!r}; choose one of: {', '.join(BACKENDS)}")
-
-
 def check_precision(precision: str, kind: str) -> None:
-    if precision == GGUF:
-        if kind not in ("auto", LLAMA_CPP):
-            raise QuickdraftError(f"precision gguf is the llama.cpp backend's (backend='llama.cpp' or 'auto'), "
-                                  f"not the {kind} backend's")
+    """A precision some backend has (auto), or one `kind` computes with."""
+    if kind == AUTO:
+        if precision != GGUF:
+            get_precision(precision)
         return
-    get_precision(precision)
-    if kind == LLAMA_CPP:
-        raise QuickdraftError(f"the llama.cpp backend computes with the GGUF file's own types; precision {precision} "
-                              f"needs the native backend")
-    if precision != "fp32" and kind == "hf":
-        raise QuickdraftError(f"precision {precision} needs the native backend (backend='auto' or 'native')")
-    if precision not in ("fp32", "bf16") and kind == STATIC:
-        raise QuickdraftError(f"the static backend runs dense weights (fp32 or bf16), not {precision}")
+    spec_of(kind).check_precision(precision)
 
 
-def check_llama_cpp(loaded: LoadedModel, device: torch.device) -> Path:
-    """The GGUF file llama.cpp can run for `loaded`, or a clear error."""
+def check_llama_cpp_installed() -> None:
     if not llama_cpp_installed():
         raise QuickdraftError("backend 'llama.cpp' needs llama-cpp-python (./setup.sh builds it; or "
                               "pip install llama-cpp-python==0.3.36)")
-    if loaded.gguf is None:
-        raise QuickdraftError(f"backend 'llama.cpp' runs GGUF files; {loaded.name!r} was not loaded from one")
-    if device.type != "cpu":
-        raise QuickdraftError(f"the llama.cpp backend runs on the CPU here, not on {device}")
-    return loaded.gguf
 
 
-def resolve_kind(loaded: LoadedModel, kind: str, precision: str | None, device: str | torch.device,
-                 measure: bool = True, cache_dir: str | os.PathLike | None = None,
-                 inner_layers: bool = False) -> str:
-    """Which backend runs `loaded`: "llama.cpp", "static", "native" or "hf". auto: on a CUDA device,
-    static (fixed shapes, CUDA graphs) where the architecture is supported and the precision dense;
-    llama.cpp for a GGUF target when llama-cpp-python is installed, no native precision was asked
-    for, the device is the CPU, unless native measured clearly faster (backends/choice.py: paired
-    one-token passes, once per machine and file, kept; timed only where a native fp32 copy is
-    small, see timed_against_native); else native where the architecture is supported;
-    else hf. inner_layers: the method reads inner layers' states (EAGLE-3), which llama.cpp does
-    not return: auto passes it by, and asking for it is refused."""
+def check_device(spec: BackendSpec, device: torch.device) -> None:
+    if device.type not in spec.devices:
+        raise QuickdraftError(f"the {spec.name} backend runs on {' or '.join(spec.devices)} here, not on {device}")
+
+
+class Choice(NamedTuple):
+    """Which backend runs a model, at which precision, and why (for --verbose and `quickdraft plan`)."""
+
+    kind: str
+    precision: str
+    reason: str
+
+
+def choose_backend(config: PretrainedConfig, gguf: Path | None, name: str, kind: str = AUTO,
+                   precision: str | None = None, device: str | torch.device = AUTO, inner_layers: bool = False,
+                   verdict: Callable[[], BackendChoice | None] | None = None) -> Choice:
+    """The one place a backend is chosen, from the specs (backends/kinds.py). Asked for: that
+    backend, checked (device, architecture, file, precision, inner layers). auto: on a CUDA
+    device, static where the architecture is supported and the precision dense; on a CPU,
+    llama.cpp for a GGUF target when llama-cpp-python is installed, no precision was asked for
+    and the method does not read inner layers, unless `verdict` (llama.cpp timed against a
+    native copy, backends/choice.py; asked only where that copy is small, timed_against_native)
+    finds native clearly faster; else native where the architecture is supported, else hf.
+    inner_layers: the method reads inner layers' states (EAGLE-3)."""
     check_backend_kind(kind)
-    device = resolve_device(device)
-    if kind == STATIC or (kind == "auto" and device.type == "cuda" and static_supports(loaded.config)
-                          and precision in (None, "fp32", "bf16")):
-        check_precision(precision or default_precision(device), STATIC)
-        if not static_supports(loaded.config):
-            raise QuickdraftError(f"the static backend supports "
-                                  f"{', '.join(a for a in SUPPORTED_ARCHITECTURES if a != GEMMA3)}; "
-                                  f"{loaded.name!r} is {loaded.config.model_type!r}")
-        return STATIC
-    if kind == LLAMA_CPP or precision == GGUF:
-        if inner_layers:
-            raise QuickdraftError("this EAGLE-3 head drafts from the target's inner layers, which the llama.cpp "
-                                  "backend does not return; use backend='native' (or 'auto')")
-        check_precision(precision or GGUF, kind)
-        check_llama_cpp(loaded, device)
-        return LLAMA_CPP
-    if (kind == "auto" and precision is None and loaded.gguf is not None and device.type == "cpu"
-            and llama_cpp_installed() and not inner_layers):
-        if not timed_against_native(loaded):
-            return LLAMA_CPP
-        key = ("auto", str(device))
-        if measure and key not in loaded.backends:
-            loaded.backends[key] = _choose_llama_cpp(loaded, device, cache_dir)
-        if measure and loaded.backends[key].llama_cpp:
-            return LLAMA_CPP
-    return "native" if uses_native(loaded, kind, precision or default_precision(device)) else "hf"
+    device = device if isinstance(device, torch.device) else resolve_device(device)  # a device object: as given
+    if precision is not None:
+        check_precision(precision, kind)
+    if kind != AUTO:
+        return _asked(spec_of(kind), config, gguf, name, precision, device, inner_layers)
+    if precision == GGUF:
+        return _asked(SPECS[LLAMA_CPP], config, gguf, name, precision, device, inner_layers, "precision gguf")
+    default = precision or default_precision(device)
+    if device.type == "cuda" and default in SPECS[STATIC].precisions and static_supports(config, default):
+        return Choice(STATIC, default, "static: a CUDA device and an architecture and precision it supports")
+    why = _why_not_llama_cpp(gguf, precision, device, inner_layers)
+    if why is None:
+        if not timed_against_native(config):
+            return Choice(LLAMA_CPP, GGUF, f"llama.cpp: a GGUF file, not timed against native: a native fp32 copy "
+                                           f"would take {human(native_fp32_bytes(config))}, over "
+                                           f"{human(TIMED_NATIVE_BYTES)} or half the memory free")
+        found = verdict() if verdict is not None else None
+        if found is not None and found.llama_cpp:
+            return Choice(LLAMA_CPP, GGUF, found.reason)
+        why = found.reason if found is not None else "backend timing is off (measure_shapes=False)"
+    if supports(config, default):
+        return Choice(NATIVE, default, why if why.startswith(f"{NATIVE}:") else f"{NATIVE}: {why}")
+    SPECS[HF].check_precision(default)
+    return Choice(HF, default, f"{HF}: {why}; the native backend does not support it")
 
 
-def backend_reason(loaded: LoadedModel, kind: str, precision: str | None, device: str | torch.device,
-                   chosen: str, inner_layers: bool = False) -> str:
-    """Why `chosen` runs `loaded` (for --verbose): asked for, or what auto saw."""
-    if kind != "auto":
-        return f"{chosen}: asked for (backend={kind})"
-    choice = auto_choice(loaded, device)
-    if choice is not None:
-        return choice.reason
-    if chosen == STATIC:
-        return "static: a CUDA device and an architecture and precision it supports"
-    if loaded.gguf is None:
-        why = "not a GGUF file"
-    elif precision is not None:
-        why = f"precision {precision} asked for"
-    elif resolve_device(device).type != "cpu":
-        why = "llama.cpp runs on the CPU only"
-    elif not llama_cpp_installed():
-        why = "llama-cpp-python is not installed"
-    elif inner_layers:
-        why = "the EAGLE-3 head reads inner layers, which llama.cpp does not return"
-    elif chosen == LLAMA_CPP:
-        return (f"llama.cpp: a GGUF file, not timed against native: a native fp32 copy would take "
-                f"{human(native_fp32_bytes(loaded))}, over {human(TIMED_NATIVE_BYTES)} or half the memory free")
-    else:
-        why = "backend timing is off (measure_shapes=False)"
-    return f"{chosen}: {why}" + ("" if chosen == "native" else "; the native backend does not support it")
+def _asked(spec: BackendSpec, config: PretrainedConfig, gguf: Path | None, name: str, precision: str | None,
+           device: torch.device, inner_layers: bool, why: str = "") -> Choice:
+    """The backend the user named, or one clear error saying why it cannot run this."""
+    if inner_layers and not spec.inner_layers:
+        raise QuickdraftError(f"this EAGLE-3 head drafts from the target's inner layers, which the {spec.name} "
+                              f"backend does not return; use backend='native' (or 'auto')")
+    if spec.needs_gguf:
+        check_llama_cpp_installed()
+        if gguf is None:
+            raise QuickdraftError(f"backend {spec.name!r} runs GGUF files; {name!r} was not loaded from one")
+    check_device(spec, device)
+    spec.check_architecture(config, name)
+    chosen = precision or (spec.precisions[0] if len(spec.precisions) == 1 else default_precision(device))
+    spec.check_precision(chosen)
+    return Choice(spec.name, chosen, f"{spec.name}: asked for ({why or f'backend={spec.name}'})")
 
 
-def static_supports(config: PretrainedConfig) -> bool:
-    """The static backend: the native architectures but Gemma 3 (its fixed-shape attention has no windows yet)."""
-    return supports(config) and config.model_type != GEMMA3
+def _why_not_llama_cpp(gguf: Path | None, precision: str | None, device: torch.device,
+                       inner_layers: bool) -> str | None:
+    """Why auto does not consider llama.cpp for a target (None: it does)."""
+    if gguf is None:
+        return "not a GGUF file"
+    if precision is not None:
+        return f"precision {precision} asked for"
+    if device.type not in SPECS[LLAMA_CPP].devices:
+        return "llama.cpp runs on the CPU only"
+    if not llama_cpp_installed():
+        return "llama-cpp-python is not installed"
+    if inner_layers:
+        return "the EAGLE-3 head reads inner layers, which llama.cpp does not return"
+    return None
 
 
-def timed_against_native(loaded: LoadedModel) -> bool:
-    """Whether auto times llama.cpp against a native fp32 copy of `loaded` (which it builds for the
-    timing): when the copy is small (TIMED_NATIVE_BYTES); else a GGUF file runs on llama.cpp
+def draft_backend(kind: str, precision: str, loaded: LoadedModel, device: torch.device) -> tuple[str, str]:
+    """The backend and precision a draft model runs on beside a target on `kind` at `precision`:
+    the same, unless the draft cannot run there (one that is not a GGUF file beside llama.cpp runs
+    on auto's choice; one of another architecture beside static runs on hf)."""
+    spec = SPECS[kind]
+    if spec.needs_gguf and loaded.gguf is None:
+        return AUTO, default_precision(device)
+    if not spec.architectures(loaded.config, None):
+        return HF, SPECS[HF].precisions[0]
+    return kind, precision
+
+
+def timed_against_native(config: PretrainedConfig) -> bool:
+    """Whether auto times llama.cpp against a native fp32 copy of a GGUF target (which it builds for
+    the timing): when the copy is small (TIMED_NATIVE_BYTES); else a GGUF file runs on llama.cpp
     untimed (its own kernels over the file's own types)."""
-    size = native_fp32_bytes(loaded)
+    size = native_fp32_bytes(config)
     return size <= TIMED_NATIVE_BYTES and size <= TIMED_NATIVE_SHARE * available_memory()
 
 
-def native_fp32_bytes(loaded: LoadedModel) -> int:
-    """What the native backend's fp32 weights of `loaded` take on this CPU (memory.py's plan)."""
-    return backend_weight_bytes(shape_from_config(loaded.config), "native", "fp32")
+def native_fp32_bytes(config: PretrainedConfig) -> int:
+    """What the native backend's fp32 weights of a model take on this CPU (memory.py's plan)."""
+    return backend_weight_bytes(shape_from_config(config), NATIVE, "fp32")
 
 
 def choice_signature(gguf: Path, precision: str) -> dict:
@@ -189,10 +206,17 @@ def choice_signature(gguf: Path, precision: str) -> dict:
     return {"choice": "llama.cpp or native (paired one-token passes)", "file": file_key(gguf), "precision": precision}
 
 
-def _choose_llama_cpp(loaded: LoadedModel, device: torch.device, cache_dir: str | os.PathLike | None) -> BackendChoice:
-    """auto's verdict for a GGUF target (backends/choice.py), kept per machine and file, from
-    llama.cpp's backend timed against a native one made for the timing alone (its plain kernels,
-    no timed shapes), dropped afterwards."""
+def auto_verdict(loaded: LoadedModel, device: torch.device, cache_dir: str | os.PathLike | None) -> BackendChoice:
+    """auto's llama.cpp-or-native verdict for a GGUF target (backends/choice.py), made once per
+    process and kept per machine and file, from llama.cpp's backend timed against a native one
+    made for the timing alone (its plain kernels, no timed shapes), dropped afterwards."""
+    key = (AUTO, str(device))
+    if key not in loaded.backends:
+        loaded.backends[key] = _timed_verdict(loaded, device, cache_dir)
+    return loaded.backends[key]
+
+
+def _timed_verdict(loaded: LoadedModel, device: torch.device, cache_dir: str | os.PathLike | None) -> BackendChoice:
     precision = default_precision(device)
 
     def paired() -> Timings:
@@ -208,7 +232,7 @@ def _choose_llama_cpp(loaded: LoadedModel, device: torch.device, cache_dir: str 
 
 def auto_choice(loaded: LoadedModel, device: str | torch.device) -> BackendChoice | None:
     """The verdict auto made for `loaded` on `device` in this process (None: it made none)."""
-    return loaded.backends.get(("auto", str(resolve_device(device))))
+    return loaded.backends.get((AUTO, str(resolve_device(device))))
 
 
 def observe_passes(loaded: LoadedModel, device: str | torch.device, cache_dir: str | os.PathLike | None,
@@ -221,30 +245,26 @@ def observe_passes(loaded: LoadedModel, device: str | torch.device, cache_dir: s
     return observe(shapes_folder(cache_dir), signature, choice, one_token_seconds)
 
 
-def uses_native(loaded: LoadedModel, kind: str, precision: str | None = None) -> bool:
-    """auto: native when the architecture is supported (at `precision`); native: required; hf: never."""
-    check_backend_kind(kind)
-    if kind == "native" and not supports(loaded.config):
-        raise QuickdraftError(f"the native backend supports {', '.join(SUPPORTED_ARCHITECTURES)}; "
-                              f"{loaded.name!r} is {loaded.config.model_type!r} (use backend='hf')")
-    return kind == "native" or (kind == "auto" and supports(loaded.config, precision))
-
-
-def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32", device: str = "cpu",
+def make_backend(loaded: LoadedModel, kind: str = AUTO, precision: str = "fp32", device: str = "cpu",
                  layers: list[int] | None = None, measure: bool = True,
                  cache_dir: str | os.PathLike | None = None, context: int | None = None) -> Backend:
     """The backend for `loaded` (only `layers` of it, for self-speculation), made once per setting
-    and kept in `loaded.backends`: every decoder over the model shares it. measure: time pass
-    shapes on this machine (once, cached under cache_dir) and use the fastest. context: the
-    llama.cpp backend's KV cells (None: llama_cpp.DEFAULT_CELLS at most)."""
-    check_precision(precision, kind)
+    and kept in `loaded.backends`: every decoder over the model shares it. kind auto: native where
+    the architecture is supported at `precision`, else hf (choose_backend decides; a timed
+    llama.cpp verdict is the Decoder's). measure: time pass shapes on this machine (once, cached
+    under cache_dir) and use the fastest. context: the llama.cpp backend's KV cells (None:
+    llama_cpp.DEFAULT_CELLS at most)."""
+    kind = choose_backend(loaded.config, loaded.gguf, loaded.name, kind, precision, device).kind
     device = resolve_device(device)
-    if kind == LLAMA_CPP or precision == GGUF:
-        return _llama_cpp_backend(loaded, device, layers, measure, cache_dir, context)
+    spec = SPECS[kind]
+    if layers is not None and spec.subset is not None:
+        return _subset_backend(loaded, spec, device, layers, measure, cache_dir)
+    if kind == LLAMA_CPP:
+        return _llama_cpp_backend(loaded, device, measure, cache_dir, context)
     if kind == STATIC:
         return _static_backend(loaded, precision, device, layers, measure, cache_dir)
-    native = uses_native(loaded, kind, precision)
-    key = ("native" if native else "hf", precision, str(device), tuple(layers) if layers else None, measure)
+    native = kind == NATIVE
+    key = (kind, precision, str(device), tuple(layers) if layers else None, measure)
     if key in loaded.backends:
         return loaded.backends[key]
     folder = shapes_folder(cache_dir)
@@ -264,9 +284,6 @@ def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32
                          "hidden": backend.hidden_size, "vocab": backend.vocab_size, "max_length": backend.max_length}
                 backend.pass_ms = measure_pass_costs(backend, folder, shape, grid=NATIVE_COST_GRID)
     else:
-        if precision != "fp32":
-            raise QuickdraftError(f"precision {precision} needs the native backend, which does not support "
-                                  f"{loaded.config.model_type!r}")
         if device.type != "cpu":
             loaded.model.to(device)  # transformers runs the model where its weights are
         if layers is not None:
@@ -281,15 +298,19 @@ def make_backend(loaded: LoadedModel, kind: str = "auto", precision: str = "fp32
     return backend
 
 
-def _llama_cpp_backend(loaded: LoadedModel, device: torch.device, layers: list[int] | None, measure: bool,
+def _subset_backend(loaded: LoadedModel, spec: BackendSpec, device: torch.device, layers: list[int],
+                   measure: bool, cache_dir: str | os.PathLike | None) -> Backend:
+    """A layer subset (self-speculation) of a backend that runs whole models only (llama.cpp) runs
+    on spec.subset: native with the file's own 4-bit blocks (fp32 for an architecture it runs at
+    fp32 only, Gemma 3: a drafter's precision is not exactness)."""
+    precision = "int4" if supports(loaded.config, "int4") else "fp32"
+    return make_backend(loaded, spec.subset, precision, str(device), layers, measure, cache_dir)
+
+
+def _llama_cpp_backend(loaded: LoadedModel, device: torch.device, measure: bool,
                        cache_dir: str | os.PathLike | None, context: int | None = None) -> Backend:
-    """llama.cpp runs whole GGUF models, on as many threads as torch uses (the CLI's --threads); a
-    layer subset (self-speculation) runs on the native backend with the file's own 4-bit blocks
-    (fp32 for an architecture it runs at fp32 only, Gemma 3: a drafter's precision is not exactness)."""
-    gguf = check_llama_cpp(loaded, device)
-    if layers is not None:
-        precision = "int4" if supports(loaded.config, "int4") else "fp32"
-        return make_backend(loaded, "native", precision, str(device), layers, measure, cache_dir)
+    """llama.cpp runs whole GGUF models, on as many threads as torch uses (the CLI's --threads)."""
+    gguf = loaded.gguf
     threads = torch.get_num_threads()
     key = (LLAMA_CPP, threads, context)
     if key not in loaded.backends:
@@ -338,6 +359,7 @@ def native_weights(loaded: LoadedModel, precision: str, device: torch.device,
     return loaded.native[key]
 
 
-__all__ = ["BACKENDS", "DEVICES", "GGUF", "LLAMA_CPP", "PRECISIONS", "STATIC", "auto_choice", "backend_reason",
-           "check_backend_kind", "check_precision", "choice_signature", "default_precision", "make_backend",
-           "native_weights", "observe_passes", "resolve_device", "resolve_kind", "static_supports", "uses_native"]
+__all__ = ["BACKENDS", "DEVICES", "GGUF", "LLAMA_CPP", "PRECISIONS", "STATIC", "Choice", "auto_choice",
+           "auto_verdict", "check_backend_kind", "check_precision", "choice_signature", "choose_backend",
+           "default_precision", "draft_backend", "make_backend", "native_weights", "observe_passes",
+           "resolve_device", "static_supports"]

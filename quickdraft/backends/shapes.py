@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from quickdraft.backends.kinds import HF, NATIVE
 from quickdraft.models.linear import Kernel, PackedLinear, apply_linear
 
 ROW_GRID = (1, 2, 3, 4, 5, 6, 8, 12, 16)  # row counts timed; counts between take the next one up
@@ -117,7 +118,7 @@ def measure_row_plan(weights, folder: Path | None, progress: bool = True) -> dic
     if all(type(linear).__name__ == "ColumnLinear" for linear in linears):
         return {}
     ways = (True, False) if any(isinstance(x, PackedLinear) and x.has_packed for x in linears) else (True,)
-    signature = {"backend": "native", "precision": weights.precision, "device": str(weights.device),
+    signature = {"backend": NATIVE, "precision": weights.precision, "device": str(weights.device),
                  "shapes": sorted({tuple(_shape(x)) for x in linears}), "layers": len(weights.layers),
                  "grid": ROW_GRID}
 
@@ -151,7 +152,7 @@ def measure_pad_plan(backend, folder: Path | None, progress: bool = True) -> dic
     from quickdraft.backends.base import SeqPass
 
     model = backend.model
-    signature = {"backend": "hf", "model": type(model).__name__, "config": model.config.to_json_string(),
+    signature = {"backend": HF, "model": type(model).__name__, "config": model.config.to_json_string(),
                  "device": str(backend.device), "grid": PAD_GRID}
 
     def measure() -> dict[int, list]:
@@ -189,7 +190,7 @@ def measure_dense_kernel(tensor: Callable[[str], torch.Tensor], folder: Path | N
 
     matrices = [tensor(f"model.layers.0.{name}.weight")
                 for name in ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")]
-    signature = {"backend": "native", "dense": "bf16 columns or rows", "rows": list(DENSE_KERNEL_ROWS),
+    signature = {"backend": NATIVE, "dense": "bf16 columns or rows", "rows": list(DENSE_KERNEL_ROWS),
                  "shapes": [list(m.shape) for m in matrices]}
 
     def measure() -> str:

@@ -66,6 +66,15 @@ def config_dict(metadata: dict, tensor_names: tuple[str, ...]) -> dict:
     return config
 
 
+def gguf_config(path: str | Path) -> tuple[PretrainedConfig, bool]:
+    """A GGUF file's config from its metadata, and whether its architecture takes the one-read
+    path (else transformers' own GGUF reader builds the config)."""
+    fast = fast_path(path)  # the file's metadata read once (seconds, not a minute for Gemma 3)
+    if fast:
+        return read_config(path), True
+    return AutoConfig.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name), False
+
+
 def read_config(path: str | Path) -> PretrainedConfig:
     metadata, names = read_gguf_metadata(str(path))
     values = config_dict(metadata, names)

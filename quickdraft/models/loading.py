@@ -214,8 +214,7 @@ def _load_gguf(path: Path, cache: Path, dtype: torch.dtype) -> LoadedModel:
     tokenizer."""
     folder, name = str(path.parent), path.name
     try:
-        fast = gguf_convert.fast_path(path)  # the file's metadata read once (seconds, not a minute for Gemma 3)
-        config = gguf_convert.read_config(path) if fast else AutoConfig.from_pretrained(folder, gguf_file=name)
+        config, fast = gguf_convert.gguf_config(path)
         weights = GgufWeights(path, config)
         check_shapes(config, weights, f"GGUF file {path}")
         tokenizer = _cached_tokenizer(path, config, fast, cache)
