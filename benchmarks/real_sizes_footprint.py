@@ -3,13 +3,16 @@ its peers on the same files: random weights at 1B, 3B and 8B shapes with the def
 vocabulary, made here and never shipped.
 
 - GGUF, Q4_0 (random 4-bit blocks written directly): llama-cpp-python (`Llama(...)` and one
-  completion) against `quickdraft generate --backend llama.cpp` and the native backend at int4
-  (which takes the file's blocks as they are).
+  completion) against quickdraft's llama.cpp backend (`quickdraft.load` timing pass shapes as
+  `quickdraft generate` does: a first load, with the one-time checks of a new machine and file,
+  then a later load that finds them kept) and the native backend at int4 (which takes the file's
+  blocks as they are).
 - safetensors, bf16: transformers (`from_pretrained(dtype=bfloat16)` + `generate`) against the
   native backend at bf16 and int4.
 
-Every run decodes `--tokens` tokens after a 4-token prompt; its seconds are the whole process
-(imports, load, the tokens), so compare them only within one run of this script.
+Every run decodes `--tokens` tokens after a 4-token prompt. "seconds" are the whole process
+(imports, load, the tokens); "load s" the load alone (`Llama(...)`, `from_pretrained`,
+`quickdraft.load`), timed inside the process. Compare them only within one run of this script.
 
     .venv/bin/python benchmarks/real_sizes_footprint.py [--shapes 1b 3b 8b] [--tokens 2] [--work DIR]
 
@@ -21,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import tempfile
 from datetime import date
 from pathlib import Path
@@ -64,8 +66,9 @@ def main() -> None:
     print(f"{date.today()} · {platform.processor() or platform.machine()} · {threads} threads · {args.tokens} "
           f"tokens after a 4-token prompt · quickdraft's imports alone: {human(imports.peak_rss)} peak RSS, "
           f"{imports.seconds:.1f} s")
-    print("| shape | file | run | peak RSS | peak RSS / reference | seconds | disk written |")
-    print("|---|---|---|---|---|---|---|")
+    print("| shape | file | run | peak RSS | peak RSS / reference | seconds | load s | load / reference | "
+          "disk written |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in args.shapes:
         gguf = args.work / f"{name}-Q4_0-direct.gguf"
         if not gguf.is_file():
@@ -76,29 +79,33 @@ def main() -> None:
         shape = shape_from_config(config_of(name))
         int4_budget = backend_weight_bytes(shape, "native", "int4") + shape.layer_linear_params * 2
         checkpoint = sum(path.stat().st_size for path in folder.glob("*.safetensors"))
+        llama_cpp = python(QUICKDRAFT, gguf, "llama.cpp", "-", args.tokens, 1)
         runs = [  # (label, file, command, the reference its peak is compared with)
             ("llama-cpp-python", gguf, python(LLAMA_CPP_PYTHON, gguf, args.tokens, threads), None),
-            ("quickdraft llama.cpp", gguf, [sys.executable, "-m", "quickdraft.cli", "generate", "Hello",
-                                            "--target", str(gguf), "--backend", "llama.cpp", "--method", "none",
-                                            "--max-new-tokens", str(args.tokens), "--threads", threads,
-                                            "--no-chat"], "llama-cpp-python"),
+            ("quickdraft llama.cpp, first load", gguf, llama_cpp, "llama-cpp-python"),
+            ("quickdraft llama.cpp, later load", gguf, llama_cpp, "llama-cpp-python"),
             ("quickdraft native int4", gguf, python(QUICKDRAFT, gguf, "native", "int4", args.tokens), int4_budget),
             ("transformers bf16", folder, python(TRANSFORMERS, folder, args.tokens), checkpoint),
             ("quickdraft native bf16", folder, python(QUICKDRAFT, folder, "native", "bf16", args.tokens), checkpoint),
             ("quickdraft native int4", folder, python(QUICKDRAFT, folder, "native", "int4", args.tokens), int4_budget),
         ]
         peaks: dict[str, int] = {}
+        loads: dict[str, float | None] = {}
+        kept = tempfile.TemporaryDirectory(dir=args.work)  # a later load reads what the first one kept
         for label, file, command, reference in runs:
             if any(skip and skip in label for skip in args.skip):
                 continue
-            with tempfile.TemporaryDirectory(dir=args.work) as cache:
+            later = label.endswith("later load")
+            with tempfile.TemporaryDirectory(dir=args.work) as fresh:
+                cache = kept.name if later or label.endswith("first load") else fresh
+                before = written(Path(cache))
                 try:
                     result = footprint(command, base_env | {"XDG_CACHE_HOME": cache, "HF_HOME": cache})
                 except RuntimeError as error:
-                    print(f"| {name} | {file.name} | {label} | failed: {str(error)[-200:]!r} | | | |", flush=True)
+                    print(f"| {name} | {file.name} | {label} | failed: {str(error)[-200:]!r} | | | | | |", flush=True)
                     continue
-                disk = written(Path(cache))
-            peaks[label] = result.peak_rss
+                disk = written(Path(cache)) - before
+            peaks[label], loads[label] = result.peak_rss, result.load_seconds
             model = result.peak_rss - imports.peak_rss if label.startswith("quickdraft") else result.peak_rss
             if isinstance(reference, str):
                 ratio = f"{model / peaks[reference]:.2f}x {reference}" if reference in peaks else ""
@@ -106,8 +113,13 @@ def main() -> None:
                 ratio = f"{model / reference:.2f}x {'checkpoint' if reference == checkpoint else 'int4 + 1 layer'}"
             else:
                 ratio = ""
+            load = "" if result.load_seconds is None else f"{result.load_seconds:.1f}"
+            load_ratio = (f"{result.load_seconds / loads[reference]:.1f}x {reference}" if isinstance(reference, str)
+                          and loads.get(reference) and result.load_seconds is not None else "")
             print(f"| {name} | {file.name} ({human(file.stat().st_size if file.is_file() else written(file))}) | "
-                  f"{label} | {human(result.peak_rss)} | {ratio} | {result.seconds:.1f} | {human(disk)} |", flush=True)
+                  f"{label} | {human(result.peak_rss)} | {ratio} | {result.seconds:.1f} | {load} | {load_ratio} | "
+                  f"{human(disk)} |", flush=True)
+        kept.cleanup()
     print("quickdraft's ratios are of its peak less its imports' peak (the model's share); peers' of their whole peak.")
 
 
