@@ -3,12 +3,17 @@
 quantizer, made here and never shipped. For each file: its load time, the exact decode size the
 backend measures, what a pass of n rows costs in parts of that size (exact) and in one decode,
 and the bound that puts on any speculative method: with every drafted token accepted, an n-row
-pass yields n tokens for cost(n), so no method beats max over n of n * cost(1) / cost(n).
+pass yields n tokens for cost(n), so no method beats max over n of n * cost(1) / cost(n). Then the
+speedup the default target (SmolLM2-135M, same tokenizer) is predicted to give as the draft
+model of each file at acceptance rates 0.5 / 0.6 / 0.7 / 0.8, at its best K: quickdraft.analysis's
+arithmetic over the measured costs (the 135M model's one-token pass on the same backend, timed in
+the same run). A prediction, not a measured run.
 
     .venv/bin/python benchmarks/real_sizes.py [--shapes 1b 3b] [--types Q4_0 Q8_0 Q4_K_M] [--work DIR]
 
-The native backend is not measured here: it still loads a GGUF through an fp32 copy (issue 35).
-Nothing here is a test; compare only numbers from one run.
+A type "Q4_0-direct" is random 4-bit blocks written straight into the file (seconds, no F16 file
+first: what real_sizes_footprint.py uses); the others are quantized from a random F16 file.
+The native backend is not measured here yet. Nothing here is a test; compare only numbers from one run.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 from datetime import date
 from pathlib import Path
 
+from quickdraft.analysis import best_k, pass_cost, predicted_speedup
 from quickdraft.backends.llama_cpp import ROW_INVARIANT_ROWS, LlamaCppBackend
 from quickdraft.models import default_gguf_path
 from quickdraft.models.random_gguf import GgufShape, quantize_gguf, random_gguf
@@ -34,12 +40,22 @@ SHAPES = {  # the shapes of TinyLlama-1.1B, Llama-3.2-3B and Llama-3.1-8B, with 
 }
 ROWS = (1, 2, 4, 8, 16)
 CACHED = 128  # tokens in the cache before a timed pass
+ALPHAS = (0.5, 0.6, 0.7, 0.8)  # acceptance rates the draft-model predictions are made at
+
+
+def predictions(costs: dict[int, float], draft_ms: float) -> str:
+    """Predicted speedup (best K) with a draft model of one-token cost draft_ms, at each of ALPHAS."""
+    ratio = draft_ms / costs[1]
+    verify = lambda k: pass_cost(costs, k + 1) / costs[1]  # noqa: E731 - K drafts verified in K + 1 rows
+    best = {a: best_k(a, ratio, k_max=15, verify_ratio=verify) for a in ALPHAS}
+    return " / ".join(f"{predicted_speedup(a, best[a], ratio, verify(best[a])):.2f}x (K={best[a]})" for a in ALPHAS)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=["1b", "3b"], choices=list(SHAPES))
-    parser.add_argument("--types", nargs="+", default=["Q4_0", "Q8_0", "Q4_K_M"])
+    parser.add_argument("--types", nargs="+", default=["Q4_0", "Q8_0", "Q4_K_M"],
+                        help="llama.cpp quantizer types, or Q4_0-direct")
     parser.add_argument("--work", type=Path, default=Path("/tmp/quickdraft-real-sizes"),
                         help="where the random files are made (kept for a rerun)")
     parser.add_argument("--rounds", type=int, default=5)
@@ -47,15 +63,22 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     print(f"{date.today()} · {platform.processor() or platform.machine()} · llama.cpp backend, 2 threads · "
           f"{CACHED} cached tokens, median of {args.rounds} interleaved rounds")
+    draft = LlamaCppBackend(default_gguf_path(), "SmolLM2-135M", threads=2)
+    pass_ms(draft, 1, CACHED)  # warm-up
+    draft_ms = statistics.median(pass_ms(draft, 1, CACHED) for _ in range(9))
+    del draft
+    print(f"draft model: the default target's one-token pass on the same backend, {draft_ms:.1f} ms")
     print("| shape | type | file GB | load s | exact rows | ms, 1 row | n rows / 1 row, exact (n = 2/4/8/16) | "
-          "one decode | bound, exact | bound, one decode |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "one decode | bound, exact | bound, one decode | predicted, 135M draft, a = 0.5 / 0.6 / 0.7 / 0.8 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.shapes:
         base = args.work / f"{name}-F16.gguf"
-        if not base.is_file():
-            random_gguf(default_gguf_path(), base, SHAPES[name], dtype="F16", progress=True)
         for kind in args.types:
             path = args.work / f"{name}-{kind}.gguf"
+            if kind == "Q4_0-direct" and not path.is_file():
+                random_gguf(default_gguf_path(), path, SHAPES[name], dtype="Q4_0", progress=True)
+            if not base.is_file() and not path.is_file():
+                random_gguf(default_gguf_path(), base, SHAPES[name], dtype="F16", progress=True)
             if not path.is_file():
                 print(f"quantizing {base.name} to {kind}", file=sys.stderr)
                 quantize_gguf(base, path, kind)
@@ -77,7 +100,8 @@ def main() -> None:
             print(f"| {name} | {kind} | {path.stat().st_size / 1e9:.2f} | {load:.1f} | {exact} | {one:.0f} | "
                   f"{' / '.join(f'{r:.2f}' for r in ratios[exact])} | "
                   f"{' / '.join(f'{r:.2f}' for r in ratios[ROW_INVARIANT_ROWS])} | "
-                  f"{bounds[exact]:.2f}x | {bounds[ROW_INVARIANT_ROWS]:.2f}x |", flush=True)
+                  f"{bounds[exact]:.2f}x | {bounds[ROW_INVARIANT_ROWS]:.2f}x | "
+                  f"{predictions({n: cost[n, exact] for n in ROWS}, draft_ms)} |", flush=True)
             del backend
 
 
