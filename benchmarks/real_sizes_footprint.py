@@ -95,9 +95,8 @@ def main() -> None:
         for label, file, command, reference in runs:
             if any(skip and skip in label for skip in args.skip):
                 continue
-            later = label.endswith("later load")
             with tempfile.TemporaryDirectory(dir=args.work) as fresh:
-                cache = kept.name if later or label.endswith("first load") else fresh
+                cache = kept.name if label.endswith(("first load", "later load")) else fresh
                 before = written(Path(cache))
                 try:
                     result = footprint(command, base_env | {"XDG_CACHE_HOME": cache, "HF_HOME": cache})

@@ -346,7 +346,7 @@ def loaded_memory(decoder, max_batch: int = 1, context: int | None = None) -> Me
         draft_bytes += _backend_bytes(drafter_backend)
         draft_precision = getattr(_weights(drafter_backend), "precision", "fp32")  # a transformers model: fp32
         per_token += kv_bytes_per_token(shape_from_config(decoder.draft.config), spec_for(drafter_backend).name,
-                                        draft_precision if isinstance(draft_precision, str) else "fp32")
+                                        draft_precision)
     models = [m.built for m in (decoder.target, decoder.draft) if m is not None and m.built is not None]
     transformers = tensor_bytes(*models, *held) - tensor_bytes(*held)  # what the backends do not share
     context = min(context or decoder.context_length, decoder.context_length)

@@ -139,7 +139,9 @@ def choose_backend(config: PretrainedConfig, gguf: Path | None, name: str, kind:
         why = found.reason if found is not None else "backend timing is off (measure_shapes=False)"
     if supports(config, default):
         return Choice(NATIVE, default, why if why.startswith(f"{NATIVE}:") else f"{NATIVE}: {why}")
-    SPECS[HF].check_precision(default)
+    if default not in SPECS[HF].precisions:
+        raise QuickdraftError(f"the hf backend computes at {', '.join(SPECS[HF].precisions)}, not {default}, and "
+                              f"the native backend does not support {name!r} ({config.model_type!r})")
     return Choice(HF, default, f"{HF}: {why}; the native backend does not support it")
 
 
@@ -179,7 +181,8 @@ def _why_not_llama_cpp(gguf: Path | None, precision: str | None, device: torch.d
 def draft_backend(kind: str, precision: str, loaded: LoadedModel, device: torch.device) -> tuple[str, str]:
     """The backend and precision a draft model runs on beside a target on `kind` at `precision`:
     the same, unless the draft cannot run there (one that is not a GGUF file beside llama.cpp runs
-    on auto's choice; one of another architecture beside static runs on hf)."""
+    on auto's choice; an architecture the target's backend does not run, beside native or static,
+    runs on hf)."""
     spec = SPECS[kind]
     if spec.needs_gguf and loaded.gguf is None:
         return AUTO, default_precision(device)

@@ -36,6 +36,10 @@ FAST_ARCHITECTURES = ("llama", "gemma3")
 def fast_path(path: str | Path) -> bool:
     """Whether `path`'s architecture takes the one-read path."""
     metadata, _ = read_gguf_metadata(str(path))
+    return _fast(metadata)
+
+
+def _fast(metadata: dict) -> bool:
     return metadata["general.architecture"] in FAST_ARCHITECTURES
 
 
@@ -67,16 +71,19 @@ def config_dict(metadata: dict, tensor_names: tuple[str, ...]) -> dict:
 
 
 def gguf_config(path: str | Path) -> tuple[PretrainedConfig, bool]:
-    """A GGUF file's config from its metadata, and whether its architecture takes the one-read
-    path (else transformers' own GGUF reader builds the config)."""
-    fast = fast_path(path)  # the file's metadata read once (seconds, not a minute for Gemma 3)
-    if fast:
-        return read_config(path), True
+    """A GGUF file's config from its metadata (read once), and whether its architecture takes the
+    one-read path (else transformers' own GGUF reader builds the config: a minute for Gemma 3)."""
+    metadata, names = read_gguf_metadata(str(path))
+    if _fast(metadata):
+        return _config(metadata, names), True
     return AutoConfig.from_pretrained(str(Path(path).parent), gguf_file=Path(path).name), False
 
 
 def read_config(path: str | Path) -> PretrainedConfig:
-    metadata, names = read_gguf_metadata(str(path))
+    return _config(*read_gguf_metadata(str(path)))
+
+
+def _config(metadata: dict, names: tuple[str, ...]) -> PretrainedConfig:
     values = config_dict(metadata, names)
     return AutoConfig.for_model(values.pop("model_type"), **values)
 
