@@ -106,6 +106,12 @@ def test_a_tree_pass_gives_each_node_the_logits_of_one_token_passes_along_its_pa
             assert torch.equal(rows[node + 1], alone[-1]), (prefix, node)
 
 
+# Fixed prompts, then seeded spares tried until a draft is accepted: whether a random model's greedy
+# text repeats itself (what prompt lookup needs) depends on this machine's bf16 rounding.
+PROMPTS = [[1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9, 9, 2, 7]]
+SPARE_PROMPTS = [torch.randint(0, 32, (12,), generator=torch.Generator().manual_seed(s)).tolist() for s in range(40)]
+
+
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])
 @pytest.mark.parametrize("method", ["draft", "prompt-lookup", "self-spec", "lookahead"])
 def test_greedy_speculation_equals_plain_greedy_at_the_same_precision(tiny_target, tiny_draft, precision, method):
@@ -113,12 +119,15 @@ def test_greedy_speculation_equals_plain_greedy_at_the_same_precision(tiny_targe
     plain = Decoder(target, None, "none", precision=precision)
     draft = loaded(tiny_draft, "d") if method == "draft" else None
     options = {"layers": 1} if method == "self-spec" else {}
+    specs = [Decoder(target, draft, method, k, precision=precision, **options) for k in (1, 3, 8)]
     accepted = 0
-    for k in (1, 3, 8):
-        spec = Decoder(target, draft, method, k, precision=precision, **options)
-        for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9, 9, 2, 7]):
+    for number, prompt in enumerate(PROMPTS + SPARE_PROMPTS):
+        if number >= len(PROMPTS) and accepted > 0:
+            break
+        expected = plain.generate(prompt, max_new_tokens=40).token_ids
+        for spec in specs:
             out = spec.generate(prompt, max_new_tokens=40)
-            assert out.token_ids == plain.generate(prompt, max_new_tokens=40).token_ids, (k, prompt)
+            assert out.token_ids == expected, (spec.k, prompt)
             accepted += out.stats.accepted_tokens
     assert accepted > 0  # drafts were accepted: the equality was tested, not skipped
 
