@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from quickdraft.backends.select import (
     shapes_folder,
 )
 from quickdraft.calibrate import calibrate_self_spec
-from quickdraft.draft_length import PassCosts, make_draft_length, prior_slope
+from quickdraft.draft_length import DEFAULT_PRIOR_SLOPE, PassCosts, make_draft_length, prior_slope
 from quickdraft.engine import Generation, prefill
 from quickdraft.errors import QuickdraftError
 from quickdraft.methods import MethodConfig, Parts, configure, reads_inner_layers
@@ -108,9 +109,13 @@ class Decoder:
         self.drafter = config.spec.build(Parts(target, draft, self.target_backend, backend_for, shapes), config)
         self.eos_ids = self.target_backend.eos_ids
         self.pass_costs = PassCosts()  # what this decoder's passes cost: shared by its generations' cost models
-        # The cost model's prior slope: from this backend's measured pass costs where it has them.
-        self.prior_slope = prior_slope(getattr(self.target_backend, "pass_ms", None))
         self.calibration: dict[int, float] | None = None  # self-spec depth -> tok/s, when calibrated
+
+    @functools.cached_property
+    def prior_slope(self) -> float:
+        """The cost model's prior slope: from the target backend's measured pass costs where it has
+        them (read, and so timed, only when a speculative generation first needs them)."""
+        return prior_slope(getattr(self.target_backend, "pass_ms", None))
 
     @property
     def method(self) -> str:
@@ -212,12 +217,13 @@ class Decoder:
         if stops:
             self._require_tokenizer()
         k = self.k
+        policy = self.draft_length if k else "fixed"
+        slope = self.prior_slope if policy == "cost" else DEFAULT_PRIOR_SLOPE  # only the cost model reads it
         return Generation(
             self.target_backend,
             self.drafter,
             prompt_ids,
-            draft_length=make_draft_length(self.draft_length if k else "fixed", k, self.config.k_max,
-                                           self.pass_costs, self.prior_slope),
+            draft_length=make_draft_length(policy, k, self.config.k_max, self.pass_costs, slope),
             max_new_tokens=max_new_tokens,
             sampling=sampling,
             generator=torch.Generator().manual_seed(seed),

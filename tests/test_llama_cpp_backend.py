@@ -19,9 +19,10 @@ from quickdraft import Decoder
 from quickdraft.backends.base import SeqPass
 from quickdraft.backends.llama_cpp import DEFAULT_CELLS, LlamaCppBackend, llama_cpp_installed
 from quickdraft.backends.select import make_backend
+from quickdraft.backends.shapes import read_choice
 from quickdraft.errors import QuickdraftError
 from quickdraft.models import default_gguf_path
-from quickdraft.models.loading import load_model
+from quickdraft.models.loading import file_key, load_model
 from quickdraft.serve import create_app
 from quickdraft.serve.background import BackgroundServer
 from quickdraft.tree import pass_layout
@@ -74,6 +75,44 @@ def test_the_context_option_sizes_the_pool_and_the_plan_counts_it(decoder):
     assert loaded_memory(wide).kv_total == 32 * loaded_memory(narrow).kv_total
     with pytest.raises(QuickdraftError, match="context"):
         Decoder(decoder.target, None, "none", backend="llama.cpp", context=0)
+
+
+def test_plain_decoding_neither_checks_nor_times_passes_and_speculation_does_both_once(decoder, tmp_path):
+    """The exactness check and the pass timing are one-time jobs of a new machine and file (a minute
+    at 8B on 2 cores): they wait for the first pass that needs them, so plain decoding needs neither."""
+    plain = Decoder(decoder.target, None, "none", backend="llama.cpp", context=1024, cache_dir=tmp_path)
+    backend = plain.target_backend
+    timing, timed = backend.time_passes, []
+    backend.time_passes = lambda model: timed.append(model) or timing(model)
+    record = {"check": "llama.cpp exact rows", "file": file_key(backend.gguf), "threads": backend.threads}
+    expected = plain.generate(PROMPTS[0], max_new_tokens=24).token_ids
+    assert read_choice(tmp_path / "pass_shapes", record) is None and timed == []
+    speculative = plain.with_method("prompt-lookup", k=4)
+    assert speculative.target_backend is backend and speculative.draft_length == "cost"
+    assert speculative.generate(PROMPTS[0], max_new_tokens=24).token_ids == expected
+    assert read_choice(tmp_path / "pass_shapes", record) == backend.exact_rows and timed == [backend]
+    speculative.generate(PROMPTS[1], max_new_tokens=8)
+    assert timed == [backend]  # once
+
+
+def test_a_pool_without_room_for_the_check_decodes_one_row_at_a_time_and_checks_later(backend):
+    checks = []
+
+    def check(model: LlamaCppBackend) -> int:
+        checks.append(model.measure_exact_rows())  # raises NoRoom while the pool is full
+        return checks[-1]
+
+    small = LlamaCppBackend(backend.gguf, "small", cells=400, threads=backend.threads, check_exact_rows=check)
+    generator = torch.Generator().manual_seed(5)
+    prefix, new = random_tokens(generator, 380), random_tokens(generator, 6)
+    one_by_one = rows(small, prefix, new)
+    cache = small.new_cache()
+    small.forward([SeqPass(cache, prefix, logits="none")])
+    together = small.forward([SeqPass(cache, new)])[0].logits  # no room for the check's 300 + 32 cells
+    assert torch.equal(together, one_by_one) and checks == []
+    cache.truncate(20)
+    small.forward([SeqPass(cache, new[:3])])  # room now: the check runs
+    assert len(checks) == 1 and small.exact_rows == checks[0] >= 1
 
 
 def test_logits_match_the_native_int4_backend(decoder, backend):

@@ -60,6 +60,24 @@ class PassOutput:
     hidden: torch.Tensor | None = None  # [n, H] or [n, len(taps) H] fp32, when asked
 
 
+class PassCostsOnFirstRead:
+    """A backend's pass_ms, timed the first time it is read rather than at load: speculative
+    methods' cost models read it, plain decoding never does. backends/select.py gives the backend
+    `time_passes(backend)` (shapes.measure_pass_costs with its signature); without one it is None."""
+
+    def __get__(self, backend, owner=None) -> dict[int, float] | None:
+        if backend is None:
+            return self
+        values = vars(backend)
+        if "_pass_ms" not in values:
+            timing = values.get("time_passes")
+            values["_pass_ms"] = timing(backend) if timing is not None else None
+        return values["_pass_ms"]
+
+    def __set__(self, backend, costs: dict[int, float] | None) -> None:
+        vars(backend)["_pass_ms"] = costs
+
+
 class Backend(Protocol):
     name: str  # the model's name
     vocab_size: int  # size of a logit vector

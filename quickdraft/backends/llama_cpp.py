@@ -21,15 +21,18 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
+import sys
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from quickdraft.backends.base import PassOutput, SeqPass, check_passes
+from quickdraft.backends.base import PassCostsOnFirstRead, PassOutput, SeqPass, check_passes
 from quickdraft.errors import QuickdraftError
 
 
@@ -87,7 +90,11 @@ ROW_INVARIANT_ROWS = 63
 # Up to 32: verify passes are K + 1 tokens, and a larger tree pass in parts of 32 costs little more,
 # while each size checked costs as many one-token passes (the check's cost on a first run).
 EXACT_GRID = (2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
-EXACT_CONTEXTS = (300,)  # cached tokens before the checked rows
+EXACT_CONTEXT = 300  # cached tokens before the checked rows (fewer where sequences are shorter)
+
+
+class NoRoom(ValueError):
+    """The shared pool has no cells (or no sequence id) left for a pass."""
 
 
 class LlamaCppCache:
@@ -164,11 +171,16 @@ DEFAULT_CELLS = 4096
 class LlamaCppBackend:
     """A GGUF model run by llama.cpp for many caches. cells: cache cells shared by all sequences
     (each sequence may hold up to max_length of them; default: the trained context, at most
-    DEFAULT_CELLS); threads: llama.cpp's CPU threads."""
+    DEFAULT_CELLS); threads: llama.cpp's CPU threads. check_exact_rows(backend): the exactness
+    check's result (default: measure_exact_rows; backends/select.py keeps it per machine and file),
+    run the first time a pass needs it."""
+
+    pass_ms = PassCostsOnFirstRead()
 
     def __init__(self, gguf: str | Path, name: str, tokenizer: PreTrainedTokenizerBase | None = None,
                  eos_ids: frozenset[int] = frozenset(), threads: int | None = None, cells: int | None = None,
-                 max_sequences: int = 256) -> None:
+                 max_sequences: int = 256,
+                 check_exact_rows: Callable[[LlamaCppBackend], int] | None = None) -> None:
         lib = require_llama_cpp()
         self._lib = lib
         lib.llama_backend_init()
@@ -214,33 +226,62 @@ class LlamaCppBackend:
         self.hidden_size = int(lib.llama_model_n_embd(model))
         self.device, self.dtype = torch.device("cpu"), torch.float32
         self.precision = "gguf"
-        self.pass_ms: dict[int, float] | None = None  # measured by backends/select.py when asked
+        self.time_passes = None  # backends/select.py: times pass_ms when first read
         self._embeddings = False
-        self.exact_rows = ROW_INVARIANT_ROWS  # the most rows a later decode takes (measure_exact_rows)
+        self._check_exact_rows = check_exact_rows or LlamaCppBackend.measure_exact_rows
+        self._exact_rows: int | None = None  # checked when first needed
+
+    @property
+    def exact_rows(self) -> int:
+        """The most rows a later decode takes: checked (check_exact_rows) the first time a pass
+        has several later rows, so plain decoding never pays for the check. Where the pool has no
+        room for the check, this pass decodes one row at a time (exact) and a later one checks."""
+        if self._exact_rows is None:
+            try:
+                self._exact_rows = int(self._check_exact_rows(self))
+            except NoRoom:
+                return 1
+        return self._exact_rows
+
+    @exact_rows.setter
+    def exact_rows(self, rows: int) -> None:
+        self._exact_rows = rows
 
     def measure_exact_rows(self) -> int:
         """The largest decode size in EXACT_GRID up to which every row of a pass equals the same
-        token's row in one-token passes bit for bit, after EXACT_CONTEXTS cached tokens (one length:
+        token's row in one-token passes bit for bit, after EXACT_CONTEXT cached tokens (one length:
         with the patched build, a decode of under 64 rows takes attention row by row whatever the
         cache holds; the tests check 40 and 300). An exactness check, not a timing: the same on a
-        busy machine as on a quiet one."""
+        busy machine as on a quiet one. Raises NoRoom where the pool cannot hold its sequence."""
+        kept, self._exact_rows = self._exact_rows, ROW_INVARIANT_ROWS  # while checking, passes are single decodes
+        try:
+            return self._exact_decode_size()
+        finally:
+            self._exact_rows = kept
+
+    def _exact_decode_size(self) -> int:
         generator = torch.Generator().manual_seed(0)
         top = min(self.vocab_size, 32000)
-        self.exact_rows = ROW_INVARIANT_ROWS  # while checking, passes are single decodes
         exact = EXACT_GRID[-1]
-        for length in EXACT_CONTEXTS:
-            if length + exact > self.max_length:
-                continue
-            context = torch.randint(top // 100, top, (length,), generator=generator).tolist()
-            new = torch.randint(top // 100, top, (exact,), generator=generator).tolist()
+        length = min(EXACT_CONTEXT, self.max_length - exact)  # a shorter context where sequences are short
+        if length < 1:
+            return 1  # no sequence can hold the check: one row per decode is exact
+        context = torch.randint(top // 100, top, (length,), generator=generator).tolist()
+        new = torch.randint(top // 100, top, (exact,), generator=generator).tolist()
+        with tqdm(total=1 + len(new) + len(EXACT_GRID), unit="pass", file=sys.stderr,
+                  desc=f"quickdraft: checking which llama.cpp pass sizes are exact for {self.name} (once)") as bar:
             cache = self.new_cache()
-            self.forward([SeqPass(cache, context, logits="none")])
-            one = self._rows_after(cache, length, [[token] for token in new])
-            for size in (n for n in EXACT_GRID if n <= exact):
-                if not torch.equal(self._rows_after(cache, length, [new[:size]]), one[:size]):
-                    exact = max([1] + [n for n in EXACT_GRID if n < size])
-                    break
-            cache.truncate(0)
+            try:
+                self.forward([SeqPass(cache, context, logits="none")])
+                bar.update()
+                one = self._rows_after(cache, length, [[token] for token in new])
+                bar.update(len(new))
+                for size in EXACT_GRID:
+                    bar.update()
+                    if not torch.equal(self._rows_after(cache, length, [new[:size]]), one[:size]):
+                        return max([1] + [n for n in EXACT_GRID if n < size])
+            finally:
+                cache.truncate(0)
         return exact
 
     def _rows_after(self, cache: LlamaCppCache, length: int, passes: list[list[int]]) -> torch.Tensor:
@@ -254,7 +295,7 @@ class LlamaCppBackend:
 
     def _take_id(self) -> int:
         if not self.handles.free_ids:
-            raise ValueError(f"llama.cpp backend: all {self.max_sequences} sequence ids are in use")
+            raise NoRoom(f"llama.cpp backend: all {self.max_sequences} sequence ids are in use")
         return self.handles.free_ids.pop()
 
     def new_cache(self, length: int | None = None) -> LlamaCppCache:
@@ -284,11 +325,13 @@ class LlamaCppBackend:
                 raise ValueError("keep() or truncate() the previous masked pass before the next pass")
             if not p.tokens:
                 raise ValueError("a pass needs at least one token")
+        later = sum(len(p.tokens) + len(p.cache.pending) for p in passes if p.cache.length > 0)
+        step = self.exact_rows if later > 1 else 1  # the first such pass runs the exactness check
         layouts: list[_Layout] = []
         try:
             for p in passes:
                 layouts.append(self._layout(p))
-            logits, hidden = self._run(passes, layouts)  # per pass: {batch place: row}
+            logits, hidden = self._run(passes, layouts, step)  # per pass: {batch place: row}
         except BaseException:
             for layout in layouts:
                 for view in layout.views:
@@ -357,16 +400,16 @@ class LlamaCppBackend:
                        [False] * len(pending) + [outputs[i] for i in order], slots, views,
                        [row[0] for row in ids], attends)
 
-    def _run(self, passes: list[SeqPass], layouts: list[_Layout]) -> tuple[list[dict], list[dict]]:
+    def _run(self, passes: list[SeqPass], layouts: list[_Layout], step: int) -> tuple[list[dict], list[dict]]:
         """Decode every layout: the first pass of each sequence (its prompt, the same pass whatever
         the method or the batch) alone, in decodes of up to batch_tokens that llama.cpp splits as it
-        likes (its fast tiled path for long prompts); every later pass in decodes of at most exact_rows tokens, where each
+        likes (its fast tiled path for long prompts); every later pass in decodes of at most `step` (exact_rows) tokens, where each
         row gets the bits a one-token pass gives it. Returns, per pass, its logits rows and
         hidden rows by place in its layout."""
         entries = [(k, i) for k, layout in enumerate(layouts) for i in range(len(layout.tokens))]
         first = [(k, i) for k, i in entries if passes[k].cache.length == 0]
         later = [(k, i) for k, i in entries if passes[k].cache.length > 0]
-        step, most = self.exact_rows, self.batch_tokens
+        most = self.batch_tokens
         chunks = []
         for k in sorted({k for k, _ in first}):  # a prompt alone: its rows' bits do not depend on others'
             own = [entry for entry in first if entry[0] == k]
@@ -406,9 +449,10 @@ class LlamaCppBackend:
             lib.llama_set_embeddings(self._context, hidden)
             self._embeddings = hidden
         code = lib.llama_decode(self._context, batch)
+        if code == 1:
+            raise NoRoom("llama.cpp decode failed: no room left in the cache cells")
         if code != 0:
-            what = "no room left in the cache cells" if code == 1 else f"error {code}"
-            raise ValueError(f"llama.cpp decode failed: {what}")
+            raise ValueError(f"llama.cpp decode failed: error {code}")
 
     def _batch_for(self, tokens: int, width: int):
         handles = self.handles

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from quickdraft.backends.base import PassOutput, SeqPass, check_passes, logit_rows, tapped_layers
+from quickdraft.backends.base import PassCostsOnFirstRead, PassOutput, SeqPass, check_passes, logit_rows, tapped_layers
 from quickdraft.backends.kv_cache import KVCache
 from quickdraft.models.linear import Kernel, apply_linear
 from quickdraft.models.native import Attention, NativeWeights, rms_norm
@@ -27,6 +27,8 @@ RowPlan = dict[int, Kernel]  # rows in a pass -> how its linear layers compute t
 class NativeBackend:
     """Shared NativeWeights (optionally only some layers: self-speculation) run for many caches."""
 
+    pass_ms = PassCostsOnFirstRead()
+
     def __init__(self, weights: NativeWeights, name: str, tokenizer: PreTrainedTokenizerBase | None = None,
                  eos_ids: frozenset[int] = frozenset(), layers: list[int] | None = None,
                  plan: RowPlan | None = None, in_place_trees: bool = False) -> None:
@@ -36,7 +38,7 @@ class NativeBackend:
         # Below fp32: tree rows read the cache in place where this machine's kernel keeps them exact
         # (backends/shapes.py check_in_place_trees), else they gather their keys.
         self.in_place_trees = in_place_trees
-        self.pass_ms: dict[int, float] | None = None  # measured by backends/select.py when asked
+        self.time_passes = None  # backends/select.py: times pass_ms when first read
         self.vocab_size = weights.lm_head.out_features
         self.max_length = weights.max_length
         self.hidden_size = weights.embed.shape[1]

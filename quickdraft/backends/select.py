@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -285,7 +286,7 @@ def make_backend(loaded: LoadedModel, kind: str = AUTO, precision: str = "fp32",
                 backend.in_place_trees = check_in_place_trees(weights, folder)
                 shape = {"threads": torch.get_num_threads(), "layers": len(weights.layers),
                          "hidden": backend.hidden_size, "vocab": backend.vocab_size, "max_length": backend.max_length}
-                backend.pass_ms = measure_pass_costs(backend, folder, shape, grid=NATIVE_COST_GRID)
+                backend.time_passes = partial(measure_pass_costs, folder=folder, signature=shape, grid=NATIVE_COST_GRID)
     else:
         if device.type != "cpu":
             loaded.model.to(device)  # transformers runs the model where its weights are
@@ -317,15 +318,20 @@ def _llama_cpp_backend(loaded: LoadedModel, device: torch.device, measure: bool,
     threads = torch.get_num_threads()
     key = (LLAMA_CPP, threads, context)
     if key not in loaded.backends:
-        backend = LlamaCppBackend(gguf, loaded.name, loaded.tokenizer, loaded.eos_ids, threads, cells=context)
         folder, signature = shapes_folder(cache_dir), {"file": file_key(gguf), "threads": threads}
-        # Exactness, not speed: checked whatever measure says (seconds, once per machine and file).
-        backend.exact_rows = int(cached_choice(folder, {"check": "llama.cpp exact rows", **signature},
-                                               backend.measure_exact_rows))
+        # Exactness, not speed: checked whatever measure says, the first time a pass needs it
+        # (seconds to a minute, once per machine and file).
+        backend = LlamaCppBackend(gguf, loaded.name, loaded.tokenizer, loaded.eos_ids, threads, cells=context,
+                                  check_exact_rows=partial(_kept_exact_rows, folder, signature))
         if measure:
-            backend.pass_ms = measure_pass_costs(backend, folder, signature)
+            backend.time_passes = partial(measure_pass_costs, folder=folder, signature=signature)
         loaded.backends[key] = backend
     return loaded.backends[key]
+
+
+def _kept_exact_rows(folder: Path, signature: dict, backend: LlamaCppBackend) -> int:
+    """The llama.cpp backend's exactness check, run once per machine and file and kept."""
+    return int(cached_choice(folder, {"check": "llama.cpp exact rows", **signature}, backend.measure_exact_rows))
 
 
 def _static_backend(loaded: LoadedModel, precision: str, device: torch.device, layers: list[int] | None,
@@ -337,8 +343,8 @@ def _static_backend(loaded: LoadedModel, precision: str, device: torch.device, l
         weights = native_weights(loaded, precision, device, dense="linear")
         backend = StaticBackend(weights, loaded.name, loaded.tokenizer, loaded.eos_ids, layers, rows=STATIC_ROWS)
         if measure:
-            backend.pass_ms = measure_pass_costs(backend, shapes_folder(cache_dir),
-                                                 {"rows": STATIC_ROWS, "layers": layers}, grid=STATIC_GRID)
+            backend.time_passes = partial(measure_pass_costs, folder=shapes_folder(cache_dir),
+                                          signature={"rows": STATIC_ROWS, "layers": layers}, grid=STATIC_GRID)
         loaded.backends[key] = backend
     return loaded.backends[key]
 

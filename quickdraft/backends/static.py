@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from quickdraft.backends.base import PassOutput, SeqPass, check_passes, tapped_layers
+from quickdraft.backends.base import PassCostsOnFirstRead, PassOutput, SeqPass, check_passes, tapped_layers
 from quickdraft.models.native import NativeWeights, rms_norm
 from quickdraft.models.rotary import RotaryTable, rotate
 
@@ -81,6 +81,8 @@ class StaticBackend:
     context: keys every row attends over (the most a sequence may hold); slots: sequences the pool
     holds before it grows; graphs: capture and replay CUDA graphs (default: on a CUDA device)."""
 
+    pass_ms = PassCostsOnFirstRead()
+
     def __init__(self, weights: NativeWeights, name: str, tokenizer: PreTrainedTokenizerBase | None = None,
                  eos_ids: frozenset[int] = frozenset(), layers: list[int] | None = None, *, rows: int = 64,
                  context: int | None = None, slots: int = 2, graphs: bool | None = None) -> None:
@@ -97,7 +99,7 @@ class StaticBackend:
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         if self.graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
-        self.pass_ms: dict[int, float] | None = None
+        self.time_passes = None  # backends/select.py: times pass_ms when first read
         # Every position's rotation, made once: a graph reads this very tensor.
         table = RotaryTable(weights.inv_freq, weights.rope_scale, self.max_length, weights.dtype, self.device)
         table.at(torch.zeros(1, dtype=torch.long, device=self.device), self.max_length)  # grows to every position
