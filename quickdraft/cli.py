@@ -405,7 +405,12 @@ def _serve(args: argparse.Namespace) -> int:
             raise QuickdraftError(f"{flag} must be >= 1, got {value}")
     if args.drain_seconds < 0:
         raise QuickdraftError(f"--drain-seconds must be >= 0, got {args.drain_seconds}")
-    decoder = in_passing_thread(lambda: quickdraft.load(args.target, args.draft, args.method, **given_options(args)))
+    def load() -> quickdraft.Decoder:
+        loaded = quickdraft.load(args.target, args.draft, args.method, **given_options(args))
+        loaded.warm_up()  # one-time checks and timings now, not in the first request
+        return loaded
+
+    decoder = in_passing_thread(load)
     app = create_app(decoder, args.model_name, args.max_batch, args.max_queue, args.max_tokens_limit,
                      args.drain_seconds, args.max_body_bytes, args.api_key or None,
                      allowed_hosts(args.host, args.allowed_host))

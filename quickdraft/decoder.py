@@ -117,6 +117,14 @@ class Decoder:
         them (read, and so timed, only when a speculative generation first needs them)."""
         return prior_slope(getattr(self.target_backend, "pass_ms", None))
 
+    def warm_up(self) -> None:
+        """Do now the one-time jobs that speculation otherwise does on its first pass: a backend's
+        exactness check (llama.cpp's exact_rows, target and draft model) and timing the target's
+        passes for the cost model. A server calls it before it takes requests, so no request waits."""
+        for backend in (self.target_backend, getattr(self.drafter, "backend", None)):
+            getattr(backend, "exact_rows", None)  # reading it runs the check, once per backend
+        self.prior_slope  # reads pass_ms, and so times the passes once
+
     @property
     def method(self) -> str:
         return self.config.method

@@ -220,7 +220,8 @@ def test_each_precision_stays_close_to_fp32_on_the_default(default, precision, m
 def test_every_drafter_equals_plain_greedy_at_the_same_precision_on_the_default(default, early_layers_draft,
                                                                                precision):
     plain = default.with_method("none", precision=precision)
-    decoders = [default.with_method("prompt-lookup", 3, precision=precision),
+    # prompt-lookup drafts every step: its cost model chose K = 0 throughout at bf16 on a CI machine.
+    decoders = [default.with_method("prompt-lookup", 3, precision=precision, draft_length="fixed"),
                 default.with_method("lookahead", 3, precision=precision),
                 default.with_method("medusa", 3, precision=precision),
                 default.with_method("eagle", 4, precision=precision),

@@ -95,6 +95,19 @@ def test_plain_decoding_neither_checks_nor_times_passes_and_speculation_does_bot
     assert timed == [backend]  # once
 
 
+def test_warm_up_does_the_one_time_jobs_before_any_generation(decoder, tmp_path):
+    """What a server calls before it takes requests: the first request then waits for neither job."""
+    plain = Decoder(decoder.target, None, "none", backend="llama.cpp", context=1024, cache_dir=tmp_path)
+    backend = plain.target_backend
+    timing, timed = backend.time_passes, []
+    backend.time_passes = lambda model: timed.append(model) or timing(model)
+    record = {"check": "llama.cpp exact rows", "file": file_key(backend.gguf), "threads": backend.threads}
+    plain.warm_up()
+    assert read_choice(tmp_path / "pass_shapes", record) == backend.exact_rows >= 1 and timed == [backend]
+    plain.with_method("prompt-lookup", k=4).generate(PROMPTS[0], max_new_tokens=8)
+    assert timed == [backend]
+
+
 def test_a_pool_without_room_for_the_check_decodes_one_row_at_a_time_and_checks_later(backend):
     checks = []
 
