@@ -188,6 +188,7 @@ class LlamaCppBackend:
         if not path.is_file():
             raise QuickdraftError(f"GGUF file not found: {path}")
         model_params = lib.llama_model_default_params()
+        model_params.load_mode = lib.LLAMA_LOAD_MODE_MMAP  # as llama-cpp-python asks: "auto" read 8B files 1.2-2x slower
         model = lib.llama_model_load_from_file(str(path).encode(), model_params)
         if not model:
             raise QuickdraftError(f"llama.cpp could not load {path}")

@@ -20,12 +20,14 @@ _PEAK = textwrap.dedent("""
     print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, time.perf_counter() - start, load[-1])
 """)
 
-# llama-cpp-python as its README runs it: load a GGUF file, complete a prompt.  argv: file, tokens, threads
+# llama-cpp-python as its README runs it: load a GGUF file, complete a prompt.  argv: file, tokens,
+# threads[, n_ctx (default: its own, 512)]
 LLAMA_CPP_PYTHON = textwrap.dedent("""
     import sys, time
     from llama_cpp import Llama
     start = time.perf_counter()
-    model = Llama(model_path=sys.argv[1], n_threads=int(sys.argv[3]), verbose=False)
+    cells = {"n_ctx": int(sys.argv[4])} if sys.argv[4:] else {}
+    model = Llama(model_path=sys.argv[1], n_threads=int(sys.argv[3]), verbose=False, **cells)
     print("load_s", time.perf_counter() - start)
     print(model("The capital of France is", max_tokens=int(sys.argv[2]), temperature=0)["choices"][0]["text"])
 """)

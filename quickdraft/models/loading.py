@@ -33,7 +33,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.models import gguf_convert
 from quickdraft.models.embedded import DEFAULT_NAME, default_gguf_path
 from quickdraft.models.weights import (GgufWeights, ModuleWeights, SafetensorsWeights, WeightSource, build_model,
-                                      check_shapes, tensor_or_tied)
+                                      check_shapes, meta_model, tensor_or_tied)
 
 ModelSource = str | os.PathLike | PreTrainedModel | None
 
@@ -215,8 +215,9 @@ def _load_gguf(path: Path, cache: Path, dtype: torch.dtype) -> LoadedModel:
     folder, name = str(path.parent), path.name
     try:
         config, fast = gguf_convert.gguf_config(path)
-        weights = GgufWeights(path, config)
-        check_shapes(config, weights, f"GGUF file {path}")
+        model = meta_model(config)  # names and shapes, no storage: made once for both
+        weights = GgufWeights(path, config, model)
+        check_shapes(config, weights, f"GGUF file {path}", model)
         tokenizer = _cached_tokenizer(path, config, fast, cache)
     except QuickdraftError:
         raise

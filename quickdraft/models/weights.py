@@ -79,12 +79,14 @@ def rotary_embedding(config: PretrainedConfig) -> torch.nn.Module:
     return type(meta_model(config).model.rotary_emb)(config=config)
 
 
-def check_shapes(config: PretrainedConfig, source: WeightSource, where: str) -> None:
+def check_shapes(config: PretrainedConfig, source: WeightSource, where: str,
+                 model: PreTrainedModel | None = None) -> None:
     """Every parameter the config's model has is in `source` at its shape, or one clear error that
-    names the file and the tensor (a tied LM head may be absent)."""
+    names the file and the tensor (a tied LM head may be absent). model: the config's meta_model,
+    where the caller has made it already."""
     present = source.names()
     tied = getattr(config, "tie_word_embeddings", False)
-    for name, tensor in meta_model(config).state_dict().items():
+    for name, tensor in (model or meta_model(config)).state_dict().items():
         if name not in present:
             if name == LM_HEAD and tied:
                 continue
@@ -267,13 +269,14 @@ class GgufWeights:
     """A GGUF file's tensors under transformers' names, each put through transformers' tensor
     processor for the architecture (Llama's q/k row order, Gemma's norm offsets) when read."""
 
-    def __init__(self, path: Path, config: PretrainedConfig) -> None:
+    def __init__(self, path: Path, config: PretrainedConfig, model: PreTrainedModel | None = None) -> None:
+        """model: the config's meta_model, where the caller has made it already."""
         self.path = path
         metadata, tensors = read_table(path)
         self.architecture = metadata["general.architecture"]
         self._config = config.to_dict()
         self._processor = TENSOR_PROCESSORS.get(self.architecture, TensorProcessor)(config=self._config)
-        self._gguf_names = gguf_to_hf_names(meta_model(config), self.architecture, self._processor)
+        self._gguf_names = gguf_to_hf_names(model or meta_model(config), self.architecture, self._processor)
         by_name = {tensor.name: tensor for tensor in tensors}
         self._tensors: dict[str, GgufTensor] = {hf: by_name[g] for g, hf in self._gguf_names.items() if g in by_name}
 
