@@ -1,4 +1,4 @@
-"""Verify-pass costs at real model sizes on the llama.cpp backend: random weights at 1B and 3B
+"""Verify-pass costs at real model sizes on the llama.cpp or native backend: random weights at 1B and 3B
 (and, asked for, 8B) shapes with the default target's vocabulary, quantized by llama.cpp's own
 quantizer, made here and never shipped. For each file: its load time, the exact decode size the
 backend measures, what a pass of n rows costs in parts of that size (exact) and in one decode,
@@ -10,15 +10,20 @@ arithmetic over the measured costs (the 135M model's one-token pass on the same 
 the same run). A prediction, not a measured run.
 
     .venv/bin/python benchmarks/real_sizes.py [--shapes 1b 3b] [--types Q4_0 Q8_0 Q4_K_M] [--work DIR]
+        [--backend llama.cpp | native:int4 | native:bf16] [--steps bench-out/prompt_lookup_steps.json]
 
 A type "Q4_0-direct" is random 4-bit blocks written straight into the file (seconds, no F16 file
 first: what real_sizes_footprint.py uses); the others are quantized from a random F16 file.
-The native backend is not measured here yet. Nothing here is a test; compare only numbers from one run.
+--backend native:int4 or native:bf16 measures the native backend on the same files (no exact-rows
+columns: its rows are exact at every size). --steps adds prompt lookup's predicted speedup: the
+steps of a measured run on the real default target (benchmarks/prediction_check.py) replayed at
+each file's pass costs. Nothing here is a test; compare only numbers from one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
 import sys
@@ -26,9 +31,11 @@ import time
 from datetime import date
 from pathlib import Path
 
-from quickdraft.analysis import best_k, pass_cost, predicted_speedup
+from quickdraft.analysis import best_k, pass_cost, predicted_speedup, speedup_from_steps
 from quickdraft.backends.llama_cpp import ROW_INVARIANT_ROWS, LlamaCppBackend
+from quickdraft.backends.select import make_backend
 from quickdraft.models import default_gguf_path
+from quickdraft.models.loading import load_model
 from quickdraft.models.random_gguf import GgufShape, quantize_gguf, random_gguf
 
 from exact_rows_cost import pass_ms  # this folder's: one timed pass after cached tokens
@@ -51,6 +58,16 @@ def predictions(costs: dict[int, float], draft_ms: float) -> str:
     return " / ".join(f"{predicted_speedup(a, best[a], ratio, verify(best[a])):.2f}x (K={best[a]})" for a in ALPHAS)
 
 
+def open_backend(path: Path, name: str, choice: str, work: Path):
+    """The backend `choice` names over a GGUF file: llama.cpp's, or native at the given precision
+    with the kernels `quickdraft generate` would time and choose (kept under `work`)."""
+    if choice == "llama.cpp":
+        return LlamaCppBackend(path, name, threads=2)
+    precision = choice.partition(":")[2]
+    return make_backend(load_model(path, cache_dir=work / "cache"), "native", precision, "cpu", measure=True,
+                        cache_dir=work / "cache")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=["1b", "3b"], choices=list(SHAPES))
@@ -59,18 +76,27 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/quickdraft-real-sizes"),
                         help="where the random files are made (kept for a rerun)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--backend", default="llama.cpp", choices=["llama.cpp", "native:int4", "native:bf16"],
+                        help="the backend measured (native: the file's blocks as int4, or de-quantized to bf16)")
+    parser.add_argument("--steps", type=Path, default=None,
+                        help="prompt-lookup steps kept by prediction_check.py --steps-out, replayed at each "
+                             "file's pass costs")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    print(f"{date.today()} · {platform.processor() or platform.machine()} · llama.cpp backend, 2 threads · "
+    replayed = [tuple(step) for step in json.loads(args.steps.read_text())["steps"]] if args.steps else []
+    backend_label = args.backend.replace(":", " ")
+    print(f"{date.today()} · {platform.processor() or platform.machine()} · {backend_label} backend, 2 threads · "
           f"{CACHED} cached tokens, median of {args.rounds} interleaved rounds")
-    draft = LlamaCppBackend(default_gguf_path(), "SmolLM2-135M", threads=2)
+    draft = open_backend(default_gguf_path(), "SmolLM2-135M", args.backend, args.work)
     pass_ms(draft, 1, CACHED)  # warm-up
     draft_ms = statistics.median(pass_ms(draft, 1, CACHED) for _ in range(9))
     del draft
-    print(f"draft model: the default target's one-token pass on the same backend, {draft_ms:.1f} ms")
-    print("| shape | type | file GB | load s | exact rows | ms, 1 row | n rows / 1 row, exact (n = 2/4/8/16) | "
-          "one decode | bound, exact | bound, one decode | predicted, 135M draft, a = 0.5 / 0.6 / 0.7 / 0.8 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"draft model: the default target's one-token pass on the same backend, {draft_ms:.1f} ms"
+          + (f"; prompt lookup: {len(replayed)} steps of {args.steps}" if replayed else ""))
+    print("| shape | type | backend | file GB | load s | exact rows | ms, 1 row | n rows / 1 row, exact (n = 2/4/8/16) | "
+          "one decode | bound, exact | bound, one decode | predicted, 135M draft, a = 0.5 / 0.6 / 0.7 / 0.8 | "
+          "predicted, prompt lookup (steps replayed) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.shapes:
         base = args.work / f"{name}-F16.gguf"
         for kind in args.types:
@@ -83,25 +109,28 @@ def main() -> None:
                 print(f"quantizing {base.name} to {kind}", file=sys.stderr)
                 quantize_gguf(base, path, kind)
             start = time.perf_counter()
-            backend = LlamaCppBackend(path, f"{name}-{kind}", threads=2)
+            backend = open_backend(path, f"{name}-{kind}", args.backend, args.work)
             load = time.perf_counter() - start
-            exact = backend.measure_exact_rows()
-            times: dict[tuple[int, int], list[float]] = {(n, s): [] for n in ROWS for s in (exact, ROW_INVARIANT_ROWS)}
+            exact = backend.measure_exact_rows() if args.backend == "llama.cpp" else None
+            steps = (exact, ROW_INVARIANT_ROWS) if exact is not None else (None,)
+            times: dict[tuple[int, int | None], list[float]] = {(n, s): [] for n in ROWS for s in steps}
             pass_ms(backend, 1, CACHED)  # warm-up
             for _ in range(args.rounds):
                 for n in ROWS:
-                    for step in (exact, ROW_INVARIANT_ROWS):
-                        backend.exact_rows = step
+                    for step in steps:
+                        if step is not None:
+                            backend.exact_rows = step
                         times[n, step].append(pass_ms(backend, n, CACHED))
             cost = {key: statistics.median(value) for key, value in times.items()}
             one = cost[1, exact]
-            ratios = {s: [cost[n, s] / one for n in ROWS[1:]] for s in (exact, ROW_INVARIANT_ROWS)}
-            bounds = {s: max(n * one / cost[n, s] for n in ROWS) for s in (exact, ROW_INVARIANT_ROWS)}
-            print(f"| {name} | {kind} | {path.stat().st_size / 1e9:.2f} | {load:.1f} | {exact} | {one:.0f} | "
-                  f"{' / '.join(f'{r:.2f}' for r in ratios[exact])} | "
-                  f"{' / '.join(f'{r:.2f}' for r in ratios[ROW_INVARIANT_ROWS])} | "
-                  f"{bounds[exact]:.2f}x | {bounds[ROW_INVARIANT_ROWS]:.2f}x | "
-                  f"{predictions({n: cost[n, exact] for n in ROWS}, draft_ms)} |", flush=True)
+            ratios = {s: " / ".join(f"{cost[n, s] / one:.2f}" for n in ROWS[1:]) for s in steps}
+            bounds = {s: f"{max(n * one / cost[n, s] for n in ROWS):.2f}x" for s in steps}
+            costs = {n: cost[n, exact] for n in ROWS}
+            lookup = f"{speedup_from_steps(replayed, costs):.2f}x" if replayed else ""
+            print(f"| {name} | {kind} | {backend_label} | {path.stat().st_size / 1e9:.2f} | {load:.1f} | "
+                  f"{exact or ''} | {one:.0f} | {ratios[exact]} | {ratios.get(ROW_INVARIANT_ROWS, '')} | "
+                  f"{bounds[exact]} | {bounds.get(ROW_INVARIANT_ROWS, '')} | {predictions(costs, draft_ms)} | "
+                  f"{lookup} |", flush=True)
             del backend
 
 

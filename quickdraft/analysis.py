@@ -78,6 +78,16 @@ def pass_cost(pass_ms: dict[int, float], rows: int) -> float:
     return pass_ms[lower] + (pass_ms[upper] - pass_ms[lower]) * (rows - lower) / (upper - lower)
 
 
+def speedup_from_steps(steps: list[tuple[int, int]], pass_ms: dict[int, float], draft_ms: float = 0.0) -> float:
+    """A measured run's steps replayed at other pass costs: plain time per token over speculative.
+    steps: (drafted, tokens) per target pass; each costs a pass of drafted + 1 rows plus drafted
+    draft tokens at draft_ms, and yields `tokens`; plain decoding costs a 1-row pass per token.
+    No independence assumption: the run's own mix of long and short accepts is kept."""
+    tokens = sum(emitted for _, emitted in steps)
+    spent = sum(pass_cost(pass_ms, drafted + 1) + drafted * draft_ms for drafted, _ in steps)
+    return tokens * pass_cost(pass_ms, 1) / spent if spent else 1.0
+
+
 def best_tree_size(confidences: list[float], pass_ms: dict[int, float]) -> int:
     """How many draft nodes to verify, given each node's chance that its whole path is right
     (most confident first; any prefix of them is a tree): the n with the most expected tokens

@@ -9,6 +9,7 @@ from quickdraft.analysis import (
     expected_tokens_per_pass,
     pass_cost,
     predicted_speedup,
+    speedup_from_steps,
     time_per_token,
     tree_budget,
 )
@@ -99,3 +100,15 @@ def test_the_tree_size_is_the_most_expected_tokens_per_millisecond():
         assert best_tree_size(ps, ms) == brute
     # Rows past the largest pass measured may cost a second pass (the static backend's fixed rows).
     assert best_tree_size([0.99] * 100, {1: 10.0, 64: 10.0}) == 63
+
+
+def test_steps_replayed_at_other_pass_costs():
+    flat = {1: 10.0, 8: 10.0}
+    assert speedup_from_steps([(0, 1)] * 5, flat) == pytest.approx(1.0)  # nothing drafted: plain decoding
+    assert speedup_from_steps([(4, 5)] * 3, flat) == pytest.approx(5.0)  # every draft accepted, rows free
+    dear = {1: 10.0, 5: 30.0}
+    assert speedup_from_steps([(4, 5), (4, 1)], dear) == pytest.approx(6 * 10.0 / 60.0)  # a rejection costs
+    assert speedup_from_steps([(4, 5)], flat, draft_ms=2.5) == pytest.approx(50.0 / 20.0)  # drafting costs
+    # On i.i.d. steps it agrees with the closed form: K = 2, a = 0.5 gives 1, 2, 3 tokens with 1/2, 1/4, 1/4.
+    steps = [(2, 1)] * 2 + [(2, 2)] + [(2, 3)]
+    assert speedup_from_steps(steps, {1: 1.0, 3: 1.5}) == pytest.approx(predicted_speedup(0.5, 2, 0.0, 1.5))

@@ -38,7 +38,7 @@ def default_gguf():
     return path, config, build_model(config, GgufWeights(path, config))
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])  # int8: rounded a block of rows at a time
 def test_native_from_the_gguf_file_equals_native_from_the_transformers_model(default_gguf, precision):
     path, config, model = default_gguf
     source = GgufWeights(path, config)
@@ -69,6 +69,24 @@ def test_q4_k_blocks_of_a_quantized_file_are_its_weights(random_ggufs):
     for name in q4_k:
         np.testing.assert_allclose(dequantize_int4(source.int4_blocks(name)).numpy(), source.get(name).numpy(),
                                    rtol=0, atol=1e-5, err_msg=name)
+
+
+def test_rows_read_alone_are_the_rows_of_the_whole_tensor(default_gguf, random_ggufs, tiny_target, tmp_path):
+    """read_rows on every source, across a block boundary and past the end; in a GGUF file through
+    Llama's q/k row permutation and a Q4_K file's blocks."""
+    path, config, _ = default_gguf
+    tiny_target.save_pretrained(tmp_path / "m")
+    sources = [GgufWeights(path, config), SafetensorsWeights(tmp_path / "m"), load_model(tiny_target).weights]
+    quantized = random_ggufs.get(("llama", "Q4_K_M"))
+    if quantized is not None:
+        sources.append(GgufWeights(quantized, gguf_convert.read_config(quantized)))
+    for source in sources:
+        names = [n for n in sorted(source.names()) if len(source.shape(n)) == 2 and "layers.0." in n or "embed" in n]
+        assert any("q_proj" in name for name in names)
+        for name in names:
+            whole, rows = source.get(name), source.shape(name)[0]
+            for start, stop in ((0, 3), (rows // 2 - 5, rows // 2 + 7), (rows - 2, rows + 10)):
+                assert torch.equal(source.read_rows(name, start, stop), whole[start:stop]), (type(source), name)
 
 
 def test_native_from_a_bf16_safetensors_folder_equals_native_from_its_transformers_model(tiny_target, tmp_path):

@@ -49,6 +49,9 @@ class WeightSource(Protocol):
         """One tensor in `dtype`, read straight into its own memory (a model's own tensor when it
         already has that dtype)."""
 
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows start:stop of a matrix, as get() gives them, reading little more than those rows."""
+
     def int4_blocks(self, name: str) -> Int4Weight | None:
         """The file's own 4-bit blocks of a weight (Q4_0, Q4_1, Q4_K), in transformers' row order
         (None: it has none)."""
@@ -162,6 +165,9 @@ class ModuleWeights:
     def read(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         return self.get(name).to(dtype)
 
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        return self.get(name)[start:stop]
+
     def int4_blocks(self, name: str) -> Int4Weight | None:
         return None
 
@@ -224,12 +230,24 @@ class SafetensorsWeights:
         if out.dtype != stored.dtype or not out.is_contiguous() or out.device.type != "cpu":
             out.copy_(self.get(name))
             return
+        self._read_bytes(name, out, 0)
+
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        stored = self._stored[name]
+        stop = min(stop, stored.shape[0])
+        out = torch.empty((stop - start, *stored.shape[1:]), dtype=stored.dtype)
+        self._read_bytes(name, out, start * (stored.size // stored.shape[0]))
+        return out
+
+    def _read_bytes(self, name: str, out: torch.Tensor, offset: int) -> None:
+        """Fill `out` (contiguous, the stored dtype) from the tensor's bytes at `offset`."""
+        stored = self._stored[name]
         with open(stored.file, "rb", buffering=0) as handle:
-            handle.seek(stored.start)
+            handle.seek(stored.start + offset)
             read = handle.readinto(memoryview(out.view(-1).view(torch.uint8).numpy()))
-        if read != stored.size:
-            raise QuickdraftError(f"{stored.file} ends inside tensor {name} (read {read} of {stored.size} bytes): "
-                                  "truncated?")
+        if read != out.numel() * out.element_size():
+            raise QuickdraftError(f"{stored.file} ends inside tensor {name} (read {offset + read} of {stored.size} "
+                                  "bytes): truncated?")
 
     def int4_blocks(self, name: str) -> Int4Weight | None:
         return None
@@ -312,6 +330,18 @@ class GgufWeights:
         out = torch.empty(self.shape(name), dtype=dtype)
         self.read_into(name, out)
         return out
+
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """The stored rows that land in start:stop (a reorder keeps them near: Llama's q and k
+        move rows within a head), de-quantized; a tensor the processor does more to, whole."""
+        tensor = self.tensor(name)
+        order = self._row_order(tensor)
+        if order is None:
+            return self.get(name)[start:stop]
+        stop = min(stop, tensor.shape[0])
+        placed = torch.argsort(order)[start:stop]  # out row start + i holds stored row placed[i]
+        first, last = int(placed.min()), int(placed.max()) + 1
+        return torch.from_numpy(tensor.rows(first, last))[placed - first]
 
     def _processed(self, tensor: GgufTensor, values: np.ndarray) -> torch.Tensor:
         parsed: dict[str, dict] = {"config": self._config, "tensors": {}}
