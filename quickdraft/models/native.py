@@ -21,7 +21,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.linear import ColumnLinear, PackedLinear, RowLinear
 from quickdraft.models.precision import Precision, get_precision
-from quickdraft.models.quantize import ROWS_AT_ONCE, stack_int4
+from quickdraft.models.quantize import stack_int4
 from quickdraft.models.quantized_linear import Int4Linear, Int8Linear, fused_quantized_linear, int4_fits
 from quickdraft.models.row_attention import RowGroup
 from quickdraft.models.weights import (EMBED, LM_HEAD, ModuleWeights, WeightSource, fused, give_back_freed_memory,
@@ -141,8 +141,7 @@ class NativeWeights:
             shape = (sum(source.shape(name)[0] for name in names), source.shape(names[0])[1])
             # Rounded ROWS_AT_ONCE rows at a time (rows are rounded on their own): a vocab-sized head
             # never sits in memory at full width (400 MB of fp32 at 1B, more than a layer's budget).
-            parts = (source.read_rows(name, start, start + ROWS_AT_ONCE)
-                     for name in names for start in range(0, source.shape(name)[0], ROWS_AT_ONCE))
+            parts = (block for name in names for block in source.row_blocks(name))
             return fused_quantized_linear(parts, shape, bias, requantize_as, dtype)
 
         def norm(name: str) -> torch.Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -49,8 +50,9 @@ class WeightSource(Protocol):
         """One tensor in `dtype`, read straight into its own memory (a model's own tensor when it
         already has that dtype)."""
 
-    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        """Rows start:stop of a matrix, as get() gives them, reading little more than those rows."""
+    def row_blocks(self, name: str, rows: int = ROWS_AT_ONCE) -> Iterator[torch.Tensor]:
+        """A matrix's rows as get() gives them, `rows` at a time, each block read when it is asked
+        for (the whole tensor at full width only where the source cannot read it in parts)."""
 
     def int4_blocks(self, name: str) -> Int4Weight | None:
         """The file's own 4-bit blocks of a weight (Q4_0, Q4_1, Q4_K), in transformers' row order
@@ -165,8 +167,8 @@ class ModuleWeights:
     def read(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         return self.get(name).to(dtype)
 
-    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        return self.get(name)[start:stop]
+    def row_blocks(self, name: str, rows: int = ROWS_AT_ONCE) -> Iterator[torch.Tensor]:
+        yield from self.get(name).split(rows)
 
     def int4_blocks(self, name: str) -> Int4Weight | None:
         return None
@@ -232,12 +234,12 @@ class SafetensorsWeights:
             return
         self._read_bytes(name, out, 0)
 
-    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+    def row_blocks(self, name: str, rows: int = ROWS_AT_ONCE) -> Iterator[torch.Tensor]:
         stored = self._stored[name]
-        stop = min(stop, stored.shape[0])
-        out = torch.empty((stop - start, *stored.shape[1:]), dtype=stored.dtype)
-        self._read_bytes(name, out, start * (stored.size // stored.shape[0]))
-        return out
+        for start in range(0, stored.shape[0], rows):
+            out = torch.empty((min(rows, stored.shape[0] - start), *stored.shape[1:]), dtype=stored.dtype)
+            self._read_bytes(name, out, start * (stored.size // stored.shape[0]))
+            yield out
 
     def _read_bytes(self, name: str, out: torch.Tensor, offset: int) -> None:
         """Fill `out` (contiguous, the stored dtype) from the tensor's bytes at `offset`."""
@@ -331,17 +333,19 @@ class GgufWeights:
         self.read_into(name, out)
         return out
 
-    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        """The stored rows that land in start:stop (a reorder keeps them near: Llama's q and k
-        move rows within a head), de-quantized; a tensor the processor does more to, whole."""
+    def row_blocks(self, name: str, rows: int = ROWS_AT_ONCE) -> Iterator[torch.Tensor]:
+        """Each block from the stored rows that land in it (a reorder keeps them near: Llama's q
+        and k move rows within a head), de-quantized; a tensor the processor does more to, whole."""
         tensor = self.tensor(name)
         order = self._row_order(tensor)
         if order is None:
-            return self.get(name)[start:stop]
-        stop = min(stop, tensor.shape[0])
-        placed = torch.argsort(order)[start:stop]  # out row start + i holds stored row placed[i]
-        first, last = int(placed.min()), int(placed.max()) + 1
-        return torch.from_numpy(tensor.rows(first, last))[placed - first]
+            yield from self.get(name).split(rows)
+            return
+        placed = torch.argsort(order)  # out row r holds stored row placed[r]
+        for start in range(0, tensor.shape[0], rows):
+            block = placed[start:start + rows]
+            first, last = int(block.min()), int(block.max()) + 1
+            yield torch.from_numpy(tensor.rows(first, last))[block - first]
 
     def _processed(self, tensor: GgufTensor, values: np.ndarray) -> torch.Tensor:
         parsed: dict[str, dict] = {"config": self._config, "tensors": {}}
