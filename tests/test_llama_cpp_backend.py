@@ -97,8 +97,10 @@ def test_plain_decoding_neither_checks_nor_times_passes_and_speculation_does_bot
 
 def test_warm_up_does_the_one_time_jobs_before_any_generation(decoder, tmp_path):
     """What a server calls before it takes requests: the first request then waits for neither job."""
-    plain = Decoder(decoder.target, None, "none", backend="llama.cpp", context=1024, cache_dir=tmp_path)
+    # A context no other test uses: the model keeps one backend per context, checked once.
+    plain = Decoder(decoder.target, None, "none", backend="llama.cpp", context=960, cache_dir=tmp_path)
     backend = plain.target_backend
+    assert backend._exact_rows is None  # not checked yet
     timing, timed = backend.time_passes, []
     backend.time_passes = lambda model: timed.append(model) or timing(model)
     record = {"check": "llama.cpp exact rows", "file": file_key(backend.gguf), "threads": backend.threads}

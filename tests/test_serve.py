@@ -38,7 +38,9 @@ def decoder():
     # The native backend: batched rows equal each request's rows alone bit for bit there, which
     # the concurrency tests below check. (On llama.cpp, sequences sharing one pool of cells are
     # equal up to rounding: docs/llama-cpp.md; tests/test_llama_cpp_backend.py serves on it.)
-    return quickdraft.load(method="prompt-lookup", backend="native")
+    loaded = quickdraft.load(method="prompt-lookup", backend="native")
+    loaded.warm_up()  # as `quickdraft serve` does: no request below waits for the pass timing
+    return loaded
 
 
 @pytest.fixture(scope="module")
