@@ -3,8 +3,9 @@ its peers on the same files: random weights at 1B, 3B and 8B shapes with the def
 vocabulary, made here and never shipped.
 
 - GGUF, Q4_0 (random 4-bit blocks written directly): llama-cpp-python (`Llama(...)` and one
-  completion; at its default context of 512 tokens, and at n_ctx 4096, the pool of cells
-  quickdraft's backend makes, which its rows are compared with) against quickdraft's llama.cpp backend (`quickdraft.load` timing pass shapes as
+  completion; at its default context of 512 tokens, and at an n_ctx of the pool of cells
+  quickdraft's backend makes, the trained context up to 4096, which quickdraft's rows are compared
+  with) against quickdraft's llama.cpp backend (`quickdraft.load` timing pass shapes as
   `quickdraft generate` does: a first load, with the one-time checks of a new machine and file,
   then a later load that finds them kept) and the native backend at int4 (which takes the file's
   blocks as they are).

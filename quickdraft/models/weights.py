@@ -320,10 +320,10 @@ class GgufWeights:
         if order is None:
             out.copy_(self._processed(tensor, tensor.values()))
             return
-        rows = out.view(-1, tensor.shape[-1])
-        for start in range(0, tensor.shape[0], ROWS_AT_ONCE):
-            part = torch.from_numpy(tensor.rows(start, start + ROWS_AT_ONCE))
-            rows[order[start:start + ROWS_AT_ONCE]] = part.to(out.dtype)
+        rows, start = out.view(-1, tensor.shape[-1]), 0
+        for block in self._blocks(tensor, order, ROWS_AT_ONCE):
+            rows[start:start + len(block)] = block.to(out.dtype)
+            start += len(block)
 
     def get(self, name: str) -> torch.Tensor:
         return self.read(name, torch.float32)
@@ -341,6 +341,12 @@ class GgufWeights:
         if order is None:
             yield from self.get(name).split(rows)
             return
+        yield from self._blocks(tensor, order, rows)
+
+    @staticmethod
+    def _blocks(tensor: GgufTensor, order: torch.Tensor, rows: int) -> Iterator[torch.Tensor]:
+        """A matrix's rows in transformers' order, `rows` at a time, each de-quantized from the
+        stored rows that land in it (order: where each stored row goes, from _row_order)."""
         placed = torch.argsort(order)  # out row r holds stored row placed[r]
         for start in range(0, tensor.shape[0], rows):
             block = placed[start:start + rows]
