@@ -53,6 +53,14 @@ def config_of(name: str) -> LlamaConfig:
                        max_position_embeddings=shape.context, tie_word_embeddings=False)
 
 
+def bf16_folder(work: Path, name: str) -> Path:
+    """The random bf16 checkpoint at shape `name` under `work`, made on first need (16 GB at 8B)."""
+    folder = work / f"{name}-bf16"
+    if not (folder / "model.safetensors.index.json").is_file():
+        random_checkpoint(config_of(name), folder, progress=True)
+    return folder
+
+
 def written(folder: Path) -> int:
     return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
 
@@ -102,8 +110,8 @@ def main() -> None:
              int4_budget),
         ]
         runs = [run for run in runs if not any(skip and (skip in run[0] or skip in run[1].name) for skip in args.skip)]
-        if any(file == folder for _, file, _, _ in runs) and not (folder / "model.safetensors.index.json").is_file():
-            random_checkpoint(config_of(name), folder, progress=True)  # only where a run reads it (16 GB at 8B)
+        if any(file == folder for _, file, _, _ in runs):
+            bf16_folder(args.work, name)  # only where a run reads it
         measured: dict[str, list[Footprint]] = {label: [] for label, _, _, _ in runs}
         disks: dict[str, int] = {}
         for _ in range(args.rounds):  # round after round, so that a slow spell of the machine hits every run alike

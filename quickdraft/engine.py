@@ -213,8 +213,8 @@ def prefill(generations: list[Generation]) -> None:
     for target, group in _grouped(generations, lambda g: g.target):
         want = [g for g in group if g.prompt_length > 1]
         hidden = _isolated(want, lambda gs: [out.hidden for out in target.forward(
-            [SeqPass(g.cache, g.tokens[:-1], logits="none", hidden=g.drafter.needs_hidden, taps=g.drafter.taps)
-             for g in gs])],
+            [SeqPass(g.cache, g.tokens[:-1], logits="none", hidden=g.drafter.needs_hidden, taps=g.drafter.taps,
+                     prompt=True) for g in gs])],
             rewind=lambda g: g.cache.truncate(0))
         for g in group:
             g.prefilled = True

@@ -148,3 +148,76 @@ def test_low_precisions_need_the_native_backend(tiny_target):
             Decoder(loaded(tiny_target, "t"), None, "none", backend="hf", precision=precision)
     with pytest.raises(QuickdraftError, match="unknown precision 'fp8'; choose one of: fp32, bf16, int8, int4"):
         Decoder(loaded(tiny_target, "t"), None, "none", precision="fp8")
+
+
+def test_widened_prompt_rows_are_each_computed_on_their_own_and_near_the_fp32_product():
+    from quickdraft.models.linear import RowLinear
+
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(300, 48, generator=generator).to(torch.bfloat16)  # 300 outputs: blocks, and a short last one
+    linear = RowLinear(weight, torch.randn(300, generator=generator).to(torch.bfloat16))
+    x = torch.randn(40, 48, generator=generator).to(torch.bfloat16)
+    alone = torch.cat([linear.widened(x[i : i + 1]) for i in range(40)])
+    for n in (2, 16, 17, 40):  # within one column block, exactly one, and past one
+        assert torch.equal(linear.widened(x[:n]), alone[:n]), n
+    exact = x.float() @ weight.float().T + linear.bias.float()
+    assert torch.allclose(alone.float(), exact, rtol=0.02, atol=0.05)  # rounded once to bf16, then the bias
+
+
+def widening_backend(model) -> NativeBackend:
+    """bf16 one row at a time (a CPU without bf16 arithmetic), prompts widened to fp32."""
+    backend = NativeBackend(NativeWeights.from_model(model, "bf16", dense_kernel="rows"), "t")
+    backend.widen_prompts = True
+    return backend
+
+
+def test_a_prompt_prefilled_beside_other_passes_gives_the_same_rows_as_alone():
+    from quickdraft.backends.base import SeqPass
+
+    backend = widening_backend(tiny_llama(seed=1))
+    prompt, other = [3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8]
+    alone = Seq(backend)
+    backend.forward([SeqPass(alone.cache, prompt, logits="none", prompt=True)])
+    expected = alone.forward([5, 3])
+    mixed, busy, decoding = Seq(backend), Seq(backend), Seq(backend)
+    decoding.forward(other)
+    one_row = Seq(backend)
+    one_row.forward(other)
+    by_itself = one_row.forward([4])
+    # A prompt, another prompt and a decode row in one pass: the decode row is not widened.
+    outputs = backend.forward([SeqPass(mixed.cache, prompt, logits="none", prompt=True),
+                               SeqPass(busy.cache, other * 3, logits="none", prompt=True),
+                               SeqPass(decoding.cache, [4])])
+    assert torch.equal(outputs[2].logits, by_itself)
+    assert torch.equal(mixed.forward([5, 3]), expected)
+    # Rows not flagged as a prompt's are never widened: the same as on a backend that widens nothing.
+    assert torch.equal(Seq(backend).forward(prompt), Seq(NativeBackend(backend.weights, "t")).forward(prompt))
+
+
+@pytest.mark.parametrize("method", ["draft", "prompt-lookup"])
+def test_greedy_speculation_over_widened_prompts_equals_plain_greedy(tiny_target, tiny_draft, method):
+    from quickdraft.drafters import DraftModelDrafter, PromptLookupDrafter
+    from quickdraft.draft_length import make_draft_length
+    from quickdraft.engine import Generation, prefill, step
+    from quickdraft.sampling import SamplingParams
+
+    target = widening_backend(tiny_target)
+
+    def run(k: int, prompt: list[int]) -> tuple[list[int], int]:
+        drafter = (DraftModelDrafter(widening_backend(tiny_draft)) if method == "draft" and k
+                   else PromptLookupDrafter(2, 1))
+        generation = Generation(target, drafter, prompt, draft_length=make_draft_length("fixed", k),
+                                max_new_tokens=40, sampling=SamplingParams(0.0), generator=torch.Generator())
+        prefill([generation])
+        while not generation.done:
+            step([generation])
+        return generation.new_tokens, generation.stats.accepted_tokens
+
+    accepted = 0
+    for prompt in PROMPTS + SPARE_PROMPTS[:10]:
+        plain, _ = run(0, prompt)
+        for k in (1, 4):
+            tokens, taken = run(k, prompt)
+            assert tokens == plain, (prompt, k)
+            accepted += taken
+    assert accepted > 0  # drafts were accepted: the equality was tested

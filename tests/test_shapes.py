@@ -142,3 +142,15 @@ def test_the_bf16_kernel_is_measured_once_and_kept(tmp_path):
     kept = sorted(tmp_path.rglob("*"))
     assert kept and measure_dense_kernel(source.get, tmp_path, progress=False) == chosen
     assert sorted(tmp_path.rglob("*")) == kept
+
+
+def test_whether_prompts_are_widened_is_measured_once_and_kept(tmp_path):
+    from quickdraft.backends.shapes import measure_prompt_kernel
+    from quickdraft.models.weights import ModuleWeights
+
+    source = ModuleWeights(tiny_llama(seed=1))
+    chosen = measure_prompt_kernel(source.get, tmp_path, progress=False)
+    assert isinstance(chosen, bool)
+    kept = sorted(tmp_path.rglob("*"))
+    assert kept and measure_prompt_kernel(source.get, tmp_path, progress=False) == chosen
+    assert sorted(tmp_path.rglob("*")) == kept

@@ -43,7 +43,10 @@ class SeqPass:
     mask: [n, cache.length + n] bool on the backend's device, True where a token may attend
     (None: causal). logits: which rows' logits come back ("none" for a prefill whose logits
     nobody reads). hidden: also return the last hidden states [n, H] (after the final norm), or
-    with taps, the inputs of those layers side by side [n, len(taps) H] (EAGLE-3's features)."""
+    with taps, the inputs of those layers side by side [n, len(taps) H] (EAGLE-3's features).
+    prompt: the rows are a prompt's (prefill): a backend may compute prompt rows with a kernel of
+    their own (native bf16 widens them to fp32 where that is faster), the same for every prompt,
+    so they need not equal decoded rows bit for bit; every other row must."""
 
     cache: Cache
     tokens: list[int]
@@ -52,6 +55,7 @@ class SeqPass:
     logits: LogitRows = "all"
     hidden: bool = False
     taps: tuple[int, ...] = ()
+    prompt: bool = False
 
 
 @dataclass

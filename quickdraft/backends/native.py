@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerBase
 
 from quickdraft.backends.base import PassCostsOnFirstRead, PassOutput, SeqPass, check_passes, logit_rows, tapped_layers
 from quickdraft.backends.kv_cache import KVCache
-from quickdraft.models.linear import Kernel, apply_linear
+from quickdraft.models.linear import Kernel, RowLinear, apply_linear
 from quickdraft.models.native import Attention, NativeWeights, rms_norm
 from quickdraft.models.row_attention import KEY_CHUNK, group_keys, row_groups, row_invariant_attention
 from quickdraft.models.rotary import RotaryTable, rotate
@@ -39,6 +39,9 @@ class NativeBackend:
         # (backends/shapes.py check_in_place_trees), else they gather their keys.
         self.in_place_trees = in_place_trees
         self.time_passes = None  # backends/select.py: times pass_ms when first read
+        # Prompt rows through RowLinear.widened (bf16 one row at a time otherwise), where backends/shapes.py
+        # measured it faster on this machine: the same for every prompt (SeqPass.prompt).
+        self.widen_prompts = False
         self.vocab_size = weights.lm_head.out_features
         self.max_length = weights.max_length
         self.hidden_size = weights.embed.shape[1]
@@ -75,12 +78,13 @@ class NativeBackend:
             x = x * torch.tensor(w.embed_scale, dtype=x.dtype)
         act = F.silu if w.activation == "silu" else partial(F.gelu, approximate="tanh")
         wanted = tapped_layers(passes, self.layer_ids)
+        project = partial(self._linear, prompt=self._prompt_rows(passes, sizes))  # a layer's linear on x
         tapped: dict[int, torch.Tensor] = {}  # layer -> its input [N, hidden]
         for slot, layer_id in enumerate(self.layer_ids):
             layer = w.layers[layer_id]
             if layer_id in wanted:
                 tapped[layer_id] = x
-            qkv = self._linear(layer.qkv, rms_norm(x, layer.input_norm, w.eps))  # [N, (H + 2 KV) D]
+            qkv = project(layer.qkv, rms_norm(x, layer.input_norm, w.eps))  # [N, (H + 2 KV) D]
             outputs = []
             for p, (rotations, attention), rows in zip(passes, prepared, qkv.split(sizes)):
                 n = rows.shape[0]
@@ -92,12 +96,12 @@ class NativeBackend:
                 qk = rotate(qk.transpose(0, 1), *rotations[layer.rotary])  # [H + KV, n, D]
                 v = rows[:, q_size + kv_size :].view(n, w.kv_heads, w.head_dim).transpose(0, 1)  # [KV, n, D]
                 outputs.append(self._attend(p.cache, slot, qk[: w.heads], qk[w.heads :], v, attention, layer.window))
-            attended = self._linear(layer.o, torch.cat(outputs) if len(outputs) > 1 else outputs[0])
+            attended = project(layer.o, torch.cat(outputs) if len(outputs) > 1 else outputs[0])
             if layer.attn_out_norm is not None:
                 attended = rms_norm(attended, layer.attn_out_norm, w.eps)
             x = x + attended
-            gate, up = self._linear(layer.gate_up, rms_norm(x, layer.post_norm, w.eps)).chunk(2, dim=-1)  # [N, I]
-            mlp = self._linear(layer.down, act(gate) * up)
+            gate, up = project(layer.gate_up, rms_norm(x, layer.post_norm, w.eps)).chunk(2, dim=-1)  # [N, I]
+            mlp = project(layer.down, act(gate) * up)
             x = x + (mlp if layer.mlp_out_norm is None else rms_norm(mlp, layer.mlp_out_norm, w.eps))
         hidden, rows = [], []
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
@@ -113,8 +117,25 @@ class NativeBackend:
         return [PassOutput(part if p.logits != "none" else None, h.float() if p.hidden else None)
                 for p, part, h in zip(passes, parts, hidden)]
 
-    def _linear(self, linear, x: torch.Tensor) -> torch.Tensor:
-        return apply_linear(linear, x, self.plan.get(x.shape[0]))
+    def _linear(self, linear, x: torch.Tensor, prompt: torch.Tensor | bool | None = None) -> torch.Tensor:
+        """linear(x) [N, in] -> [N, out]; prompt: which rows are prompt rows (bool [N], True: all,
+        None: none), widened where the layer can (RowLinear) and widen_prompts says so."""
+        if prompt is None or not isinstance(linear, RowLinear):
+            return apply_linear(linear, x, self.plan.get(x.shape[0]))
+        if prompt is True:
+            return linear.widened(x)
+        y = x.new_empty(x.shape[0], linear.out_features)
+        y[prompt] = linear.widened(x[prompt])
+        y[~prompt] = apply_linear(linear, x[~prompt], self.plan.get(int((~prompt).sum())))
+        return y
+
+    def _prompt_rows(self, passes: list[SeqPass], sizes: list[int]) -> torch.Tensor | bool | None:
+        """The prompt rows of a pass for _linear: None where none is widened, True where all are."""
+        if not self.widen_prompts or not any(p.prompt for p in passes):
+            return None
+        if all(p.prompt for p in passes):
+            return True
+        return torch.tensor([p.prompt for p, n in zip(passes, sizes) for _ in range(n)], device=self.device)
 
     def _prepare(self, p: SeqPass) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], Attention]:
         """Cache room, then rotary rows (cos, sin [n, D]) per table and what attention needs (see Attention)."""

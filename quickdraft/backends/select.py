@@ -22,6 +22,7 @@ from quickdraft.backends.shapes import (
     cached_choice,
     check_in_place_trees,
     measure_dense_kernel,
+    measure_prompt_kernel,
     measure_pad_plan,
     measure_pass_costs,
     measure_row_plan,
@@ -44,6 +45,7 @@ from quickdraft.backends.kinds import (
 from quickdraft.errors import QuickdraftError
 from quickdraft.memory import GIB, available_memory, backend_weight_bytes, human, shape_from_config
 from quickdraft.models.layer_subset import layer_subset_model
+from quickdraft.models.linear import RowLinear
 from quickdraft.models.loading import LoadedModel, default_cache_dir, file_key
 from quickdraft.models.native import NativeWeights, supports
 from quickdraft.models.precision import PRECISIONS, get_precision
@@ -278,12 +280,16 @@ def make_backend(loaded: LoadedModel, kind: str = AUTO, precision: str = "fp32",
         if layers is not None:
             backend = NativeBackend(whole.weights, loaded.name, loaded.tokenizer, loaded.eos_ids, layers, whole.plan,
                                     whole.in_place_trees)
+            backend.widen_prompts = whole.widen_prompts
         else:
             weights = native_weights(loaded, precision, device, folder if measure else None)
             backend = NativeBackend(weights, loaded.name, loaded.tokenizer, loaded.eos_ids)
             if measure:
                 backend.plan = measure_row_plan(weights, folder)
                 backend.in_place_trees = check_in_place_trees(weights, folder)
+                # bf16 one row at a time (a CPU without bf16 arithmetic): prompts may go faster widened.
+                backend.widen_prompts = (isinstance(weights.layers[0].qkv, RowLinear)
+                                         and measure_prompt_kernel(loaded.tensor, folder))
                 shape = {"threads": torch.get_num_threads(), "layers": len(weights.layers),
                          "hidden": backend.hidden_size, "vocab": backend.vocab_size, "max_length": backend.max_length}
                 backend.time_passes = partial(measure_pass_costs, folder=folder, signature=shape, grid=NATIVE_COST_GRID)

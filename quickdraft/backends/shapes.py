@@ -178,6 +178,8 @@ def measure_pad_plan(backend, folder: Path | None, progress: bool = True) -> dic
 
 
 DENSE_KERNEL_ROWS = (1, 4)  # a plain decoding pass and a typical verify pass
+PROMPT_ROWS = (64,)  # a short prompt's prefill
+FIRST_LAYER = ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")
 
 
 def measure_dense_kernel(tensor: Callable[[str], torch.Tensor], folder: Path | None, progress: bool = True) -> str:
@@ -188,24 +190,40 @@ def measure_dense_kernel(tensor: Callable[[str], torch.Tensor], folder: Path | N
     (LoadedModel.tensor)."""
     from quickdraft.models.linear import ColumnLinear, RowLinear
 
-    matrices = [tensor(f"model.layers.0.{name}.weight")
-                for name in ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")]
-    signature = {"backend": NATIVE, "dense": "bf16 columns or rows", "rows": list(DENSE_KERNEL_ROWS),
-                 "shapes": [list(m.shape) for m in matrices]}
+    return _faster_bf16({"bf16": ColumnLinear, "rows": RowLinear}, DENSE_KERNEL_ROWS, tensor, folder,
+                        "bf16 columns or rows", "bf16 matrix products", progress)
+
+
+def measure_prompt_kernel(tensor: Callable[[str], torch.Tensor], folder: Path | None, progress: bool = True) -> bool:
+    """Whether prompt rows go faster through RowLinear.widened (the weight widened to fp32 a block
+    at a time) than one row at a time, timed on the first layer's matrices at PROMPT_ROWS rows:
+    the native backend's widen_prompts where its bf16 kernel is RowLinear."""
+    from quickdraft.models.linear import RowLinear
+
+    widened = lambda weight: RowLinear(weight).widened  # noqa: E731 - a kind is made from a weight
+    return _faster_bf16({"rows": RowLinear, "widened": widened}, PROMPT_ROWS, tensor, folder,
+                        "prompt rows one at a time or widened", "bf16 prompt rows", progress) == "widened"
+
+
+def _faster_bf16(kinds: dict[str, Callable], rows: tuple[int, ...], tensor: Callable[[str], torch.Tensor],
+                 folder: Path | None, question: str, what: str, progress: bool) -> str:
+    """The kind (a maker of a callable [n, in] -> [n, out] from a bf16 weight) that multiplies the
+    first layer's matrices faster at `rows` rows, timed once per machine and shapes (cached)."""
+    matrices = [tensor(f"model.layers.0.{name}.weight") for name in FIRST_LAYER]
+    signature = {"backend": NATIVE, "dense": question, "rows": list(rows), "shapes": [list(m.shape) for m in matrices]}
 
     def measure() -> str:
         weights = [m.detach().to(torch.bfloat16) for m in matrices]
-        kinds = {"bf16": [ColumnLinear(w) for w in weights], "rows": [RowLinear(w) for w in weights]}
+        made = {kind: [make(w) for w in weights] for kind, make in kinds.items()}
         generator = torch.Generator().manual_seed(0)
-        xs = {n: [torch.randn(n, w.shape[1], generator=generator).to(torch.bfloat16) for w in weights]
-              for n in DENSE_KERNEL_ROWS}
+        xs = {n: [torch.randn(n, w.shape[1], generator=generator).to(torch.bfloat16) for w in weights] for n in rows}
         costs: dict[str, list[float]] = {kind: [] for kind in kinds}
         with torch.inference_mode():
-            for _ in tqdm(range(REPEATS), desc="quickdraft: timing bf16 matrix products (once)", unit="round",
+            for _ in tqdm(range(REPEATS), desc=f"quickdraft: timing {what} (once)", unit="round",
                           disable=not progress, file=sys.stderr):
-                for kind, linears in kinds.items():
+                for kind, linears in made.items():
                     costs[kind].append(sum(wall_ms(lambda: [linear(x) for linear, x in zip(linears, xs[n])])
-                                           for n in DENSE_KERNEL_ROWS))
+                                           for n in rows))
         return min(kinds, key=lambda kind: statistics.median(costs[kind]))
 
     return str(cached_choice(folder, signature, measure))

@@ -43,7 +43,7 @@ class DraftModelDrafter:
         if len(prompt_ids) > self.backend.max_length:  # the draft's context is shorter than the prompt
             state.active = False
         elif len(prompt_ids) > 1:
-            self.backend.forward([SeqPass(state.cache, self._known(prompt_ids[:-1]), logits="none")])
+            self.backend.forward([SeqPass(state.cache, self._known(prompt_ids[:-1]), logits="none", prompt=True)])
         return state
 
     def propose(self, requests: list[DraftRequest]) -> list[Draft]:
