@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from quickdraft.backends.kinds import HF, NATIVE
-from quickdraft.models.linear import Kernel, PackedLinear, apply_linear
+from quickdraft.models.linear import ColumnLinear, Kernel, PackedLinear, RowLinear, apply_linear
 
 ROW_GRID = (1, 2, 3, 4, 5, 6, 8, 12, 16)  # row counts timed; counts between take the next one up
 PAD_GRID = (1, 2, 3, 4, 6, 8)  # token counts timed for the transformers backend
@@ -112,10 +112,11 @@ def wall_ms(run: Callable[[], object]) -> float:
 
 def measure_row_plan(weights, folder: Path | None, progress: bool = True) -> dict[int, Kernel]:
     """The native backend's Kernel per row count: packed or plain kernel (fp32), padded or not.
-    Empty where there is nothing to choose (bf16's column layout already pads to 16 rows)."""
+    Empty where there is nothing to choose: bf16's column layout already pads to 16 rows, and
+    bf16 one row at a time costs n one-row products whatever the padding."""
     linears = [linear for layer in weights.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     linears.append(weights.lm_head)
-    if all(type(linear).__name__ == "ColumnLinear" for linear in linears):
+    if all(isinstance(linear, (ColumnLinear, RowLinear)) for linear in linears):
         return {}
     ways = (True, False) if any(isinstance(x, PackedLinear) and x.has_packed for x in linears) else (True,)
     signature = {"backend": NATIVE, "precision": weights.precision, "device": str(weights.device),
@@ -188,8 +189,6 @@ def measure_dense_kernel(tensor: Callable[[str], torch.Tensor], folder: Path | N
     first layer's matrices at DENSE_KERNEL_ROWS rows. Both keep the weights in bf16: widening
     them to fp32 would double a bf16 model's memory. tensor: a weight by its transformers name
     (LoadedModel.tensor)."""
-    from quickdraft.models.linear import ColumnLinear, RowLinear
-
     return _faster_bf16({"bf16": ColumnLinear, "rows": RowLinear}, DENSE_KERNEL_ROWS, tensor, folder,
                         "bf16 columns or rows", "bf16 matrix products", progress)
 
@@ -198,8 +197,6 @@ def measure_prompt_kernel(tensor: Callable[[str], torch.Tensor], folder: Path | 
     """Whether prompt rows go faster through RowLinear.widened (the weight widened to fp32 a block
     at a time) than one row at a time, timed on the first layer's matrices at PROMPT_ROWS rows:
     the native backend's widen_prompts where its bf16 kernel is RowLinear."""
-    from quickdraft.models.linear import RowLinear
-
     widened = lambda weight: RowLinear(weight).widened  # noqa: E731 - a kind is made from a weight
     return _faster_bf16({"rows": RowLinear, "widened": widened}, PROMPT_ROWS, tensor, folder,
                         "prompt rows one at a time or widened", "bf16 prompt rows", progress) == "widened"
