@@ -67,8 +67,7 @@ def timed_ms(run, device: torch.device, rounds: int) -> float:
 def build(shape: str, target: str | None, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     if shape == "default":
         loaded = load_model(target)
-        loaded.model.to(device=device, dtype=dtype)
-        return loaded
+        return LoadedModel.of(loaded.transformers_model(dtype).to(device), loaded.tokenizer, loaded.name)
     config = LlamaConfig(**SHAPES[shape], bos_token_id=None, eos_token_id=None, pad_token_id=None)
     with torch.device(device):
         model = LlamaForCausalLM._from_config(config, dtype=dtype).eval()

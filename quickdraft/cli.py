@@ -278,7 +278,8 @@ def planned_choice(target: "ModelShape", backend: str, precision: str | None, de
     def verdict():
         return planned_verdict(shapes_folder(cache_dir), choice_signature(target.gguf, default_precision(where)))
 
-    return choose_backend(target.config, target.gguf, target.name, backend, precision, where, verdict=verdict)
+    return choose_backend(target.config, target.gguf, target.name, backend, precision, where, stored=target.stored,
+                          verdict=verdict)
 
 
 def _export_head(args: argparse.Namespace) -> int:

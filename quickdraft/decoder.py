@@ -93,7 +93,7 @@ class Decoder:
         self.device = resolve_device(config.device)
         # The backend that runs the target: "llama.cpp", "static", "native" or "hf" (auto resolved here).
         choice = choose_backend(target.config, target.gguf, target.name, config.backend, config.precision,
-                                self.device, reads_inner_layers(target, config),
+                                self.device, reads_inner_layers(target, config), target.stored_precision,
                                 (lambda: auto_verdict(target, self.device, cache_dir)) if measure_shapes else None)
         self.backend_kind, self.precision, self.backend_reason = choice.kind, choice.precision, choice.reason
         self._cache_dir, self._measure = cache_dir, measure_shapes
@@ -294,7 +294,6 @@ def load(
     tokenizer: PreTrainedTokenizerBase | None = None,
     draft_tokenizer: PreTrainedTokenizerBase | None = None,
     cache_dir: str | os.PathLike | None = None,
-    dtype: torch.dtype = torch.float32,
     measure_shapes: bool = True,
     **options: Any,
 ) -> Decoder:
@@ -309,10 +308,10 @@ def load(
     Every setting is checked before anything loads.
     """
     configure(method, draft is not None, k=k, **options)  # a bad setting fails before loading
-    target_model = load_model(target, tokenizer, cache_dir, dtype)
+    target_model = load_model(target, tokenizer, cache_dir)
     draft_model = None
     if draft is not None:
-        draft_model = load_model(draft, draft_tokenizer, cache_dir, dtype)
+        draft_model = load_model(draft, draft_tokenizer, cache_dir)
         same_vocabulary(target_model, draft_model)  # refuses a pair whose tokens cannot be matched
     if options.get("layers") == "auto":
         settings = {name: value for name, value in options.items() if name in MODEL_OPTIONS}

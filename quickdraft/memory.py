@@ -7,11 +7,11 @@ follow how the backends lay memory out:
 
 - each backend's weights, read from the model's file tensor by tensor: native/static weights
   cast, fused (q/k/v, gate/up) or quantized once, oneDNN's packed copies of fp32 linears where
-  the CPU has it; llama.cpp's GGUF tensors (memory-mapped); the hf backend's fp32 transformers
-  model. A transformers model passed in memory is counted beside them (the backend shares what
+  the CPU has it; llama.cpp's GGUF tensors (memory-mapped); the hf backend's transformers model
+  in its precision (the checkpoint's own by default). A transformers model passed in memory is counted beside them (the backend shares what
   it can of it);
-- KV cache per token: native and transformers fp32 keys and values (the native backend adds a
-  ones column to values below fp32), static in the activations' dtype, llama.cpp f16; the
+- KV cache per token: native fp32 keys and values (plus a ones column in values below fp32),
+  static and transformers in the activations' dtype, llama.cpp f16; the
   native backend's cache grows by doubling up to the context, static reserves the context
   (plus one pass) per slot, llama.cpp holds one pool of context cells for all sequences;
 - working buffers: one pass's activations and fp32 logits (an estimate).
@@ -20,13 +20,14 @@ follow how the backends lay memory out:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from quickdraft.backends.kinds import NATIVE, SPECS, spec_for
 from quickdraft.errors import QuickdraftError
+from quickdraft.models.precision import precision_of
 
 GIB = 1 << 30
 
@@ -48,6 +49,7 @@ class ModelShape:
     file_bytes: int | None = None  # a GGUF file's tensor bytes (what llama.cpp maps)
     gguf: Path | None = None  # the GGUF file the shape was read from
     config: object = field(default=None, compare=False, repr=False)  # the transformers config, where read
+    stored: str = "fp32"  # the precision its weights are stored in (a GGUF file's read as fp32)
 
     @property
     def layer_linear_params(self) -> int:
@@ -120,7 +122,12 @@ def read_shape(source: str | os.PathLike | None) -> ModelShape:
         if (path / "config.json").is_file():
             from transformers import AutoConfig
 
-            return shape_from_config(AutoConfig.from_pretrained(path), path.name)
+            shape = shape_from_config(AutoConfig.from_pretrained(path), path.name)
+            if any(path.glob("*.safetensors")):  # the headers say what the weights are stored in
+                from quickdraft.models.weights import SafetensorsWeights, stored_precision
+
+                shape = replace(shape, stored=stored_precision(SafetensorsWeights(path)))
+            return shape
         if len(ggufs) == 1:
             return shape_from_gguf(ggufs[0])
         raise QuickdraftError(f"{path} has no config.json and not exactly one .gguf file")
@@ -129,12 +136,15 @@ def read_shape(source: str | os.PathLike | None) -> ModelShape:
     from transformers import AutoConfig
 
     try:
-        return shape_from_config(AutoConfig.from_pretrained(str(source)), str(source).split("/")[-1])
+        config = AutoConfig.from_pretrained(str(source))
+        shape = shape_from_config(config, str(source).split("/")[-1])
+        stored = getattr(config, "dtype", None)  # a hub config names its weights' dtype
+        return replace(shape, stored=precision_of(stored)) if isinstance(stored, torch.dtype) else shape
     except OSError as error:
         raise QuickdraftError(f"could not read the config of {source!r}: {error}") from None
 
 
-ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "int8": 2, "int4": 2}
+ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "int8": 2, "int4": 2, "fp16": 2}
 
 
 def backend_weight_bytes(shape: ModelShape, backend: str, precision: str, device: str = "cpu",
@@ -344,10 +354,10 @@ def loaded_memory(decoder, max_batch: int = 1, context: int | None = None) -> Me
     if decoder.draft is not None and drafter_backend is not None and drafter_backend is not target:
         held.append(_weights(drafter_backend))
         draft_bytes += _backend_bytes(drafter_backend)
-        draft_precision = getattr(_weights(drafter_backend), "precision", "fp32")  # a transformers model: fp32
+        draft_precision = getattr(drafter_backend, "precision", "fp32")
         per_token += kv_bytes_per_token(shape_from_config(decoder.draft.config), spec_for(drafter_backend).name,
                                         draft_precision)
-    models = [m.built for m in (decoder.target, decoder.draft) if m is not None and m.built is not None]
+    models = [model for m in (decoder.target, decoder.draft) if m is not None for model in m.built.values()]
     transformers = tensor_bytes(*models, *held) - tensor_bytes(*held)  # what the backends do not share
     context = min(context or decoder.context_length, decoder.context_length)
     rows = getattr(target, "rows", 16)

@@ -27,7 +27,8 @@ FILE = Path("model.gguf")  # only whether a target is a GGUF file is read
 
 def test_the_options_and_the_cli_take_their_choices_from_the_specs():
     assert OPTION["backend"].choices == BACKENDS == ("auto", NATIVE, HF, LLAMA_CPP, STATIC)
-    assert set(OPTION["precision"].choices) == set(all_precisions()) == {"fp32", "bf16", "int8", "int4", GGUF}
+    assert set(OPTION["precision"].choices) == set(all_precisions()) == {"fp32", "bf16", "int8", "int4", "fp16",
+                                                                          GGUF}
     assert SPECS[LLAMA_CPP].shared_kv and not SPECS[LLAMA_CPP].inner_layers and SPECS[STATIC].rows == 64
 
 
@@ -37,8 +38,22 @@ def test_auto_picks_by_device_file_and_architecture():
     assert choose_backend(LLAMA, None, "m", precision="int4", device=CUDA)[:2] == (NATIVE, "int4")
     hf = choose_backend(GPT2, None, "g", device=CPU)
     assert hf[:2] == (HF, "fp32") and "not a GGUF file; the native backend does not support it" in hf.reason
-    with pytest.raises(QuickdraftError, match="the hf backend computes at fp32, not int4"):
+    with pytest.raises(QuickdraftError, match="the hf backend computes at fp32, bf16, fp16, not int4"):
         choose_backend(GPT2, None, "g", precision="int4", device=CPU)
+
+
+def test_the_hf_backend_computes_in_the_checkpoints_own_dtype_unless_asked():
+    assert choose_backend(GPT2, None, "g", device=CPU, stored="bf16")[:2] == (HF, "bf16")  # auto: bf16 stays bf16
+    assert choose_backend(GPT2, None, "g", device=CUDA, stored="fp16")[:2] == (HF, "fp16")
+    assert choose_backend(LLAMA, None, "m", HF, device=CPU, stored="bf16")[:2] == (HF, "bf16")
+    assert choose_backend(LLAMA, None, "m", HF, "fp32", device=CPU, stored="bf16")[:2] == (HF, "fp32")
+    assert choose_backend(GPT2, None, "g", precision="fp32", device=CPU, stored="bf16")[:2] == (HF, "fp32")
+    # Native computes at the precision asked for, never at the checkpoint's (fp32 on a CPU by default).
+    assert choose_backend(LLAMA, None, "m", device=CPU, stored="bf16")[:2] == (NATIVE, "fp32")
+    fp16 = choose_backend(LLAMA, None, "m", precision="fp16", device=CPU)  # only hf computes at fp16
+    assert fp16[:2] == (HF, "fp16") and "the native backend does not compute at fp16" in fp16.reason
+    with pytest.raises(QuickdraftError, match="the native backend computes at fp32, bf16, int8, int4, not fp16"):
+        choose_backend(LLAMA, None, "m", NATIVE, "fp16", device=CPU)
 
 
 @pytest.mark.skipif(not llama_cpp_installed(), reason="llama-cpp-python is not installed (./setup.sh builds it)")
@@ -65,7 +80,8 @@ def test_an_asked_for_backend_says_in_one_line_why_it_cannot_run_this():
     cases = [
         (dict(kind=NATIVE, config=GPT2), "the native backend supports .*'gpt2'"),
         (dict(kind=STATIC, precision="int4"), "the static backend computes at fp32, bf16, not int4"),
-        (dict(kind=HF, precision="bf16"), "the hf backend computes at fp32, not bf16; use the native backend"),
+        (dict(kind=HF, precision="int8"), "the hf backend computes at fp32, bf16, fp16, not int8; use the native "
+                                          "backend"),
         (dict(kind=NATIVE, precision=GGUF), "precision gguf is the llama.cpp backend's"),
         (dict(kind="fast"), "unknown backend 'fast'"),
     ]
@@ -83,12 +99,13 @@ def test_an_asked_for_backend_says_in_one_line_why_it_cannot_run_this():
 
 def test_a_draft_runs_beside_its_target_where_it_can():
     class Draft:  # what draft_backend reads of a loaded draft model
-        def __init__(self, config, gguf=None):
-            self.config, self.gguf = config, gguf
+        def __init__(self, config, gguf=None, stored="fp32"):
+            self.config, self.gguf, self.stored_precision = config, gguf, stored
 
     assert draft_backend(LLAMA_CPP, GGUF, Draft(LLAMA, FILE), CPU) == (LLAMA_CPP, GGUF)
     assert draft_backend(LLAMA_CPP, GGUF, Draft(LLAMA), CPU) == ("auto", "fp32")  # not a GGUF file
     assert draft_backend(STATIC, "bf16", Draft(GPT2), CUDA) == (HF, "fp32")  # another architecture
+    assert draft_backend(NATIVE, "fp32", Draft(GPT2, stored="bf16"), CPU) == (HF, "bf16")  # in its own dtype
     assert draft_backend(NATIVE, "int4", Draft(LLAMA), CPU) == (NATIVE, "int4")
 
 

@@ -71,3 +71,45 @@ def test_a_hub_id_that_cannot_be_fetched_is_a_one_line_error(monkeypatch):
     with pytest.raises(QuickdraftError, match="could not load model 'no-such-owner/no-such-model'") as info:
         load_model("no-such-owner/no-such-model")
     assert "\n" not in str(info.value)
+
+
+def test_the_hf_backend_builds_the_checkpoint_in_its_own_dtype_and_another_only_when_asked(tmp_path, tiny_target):
+    import torch
+
+    from quickdraft.memory import plan_memory, read_shape
+
+    folder = tmp_path / "tiny-bf16"
+    tiny_target.to(torch.bfloat16).save_pretrained(folder)  # a copy on disk in bf16
+    tiny_target.to(torch.float32)
+    target = load_model(str(folder))
+    assert target.stored_precision == "bf16" and not target.built  # nothing built by loading
+    assert read_shape(folder).stored == "bf16"  # `quickdraft plan` reads it from the headers alone
+    own = quickdraft.Decoder(target, None, "none", backend="hf")
+    assert own.precision == "bf16" and own.target_backend.model.dtype == torch.bfloat16
+    assert list(target.built) == [torch.bfloat16]  # no fp32 copy beside it
+    asked = quickdraft.Decoder(target, None, "none", backend="hf", precision="fp32")
+    assert asked.target_backend.model.dtype == torch.float32 and set(target.built) == {torch.bfloat16, torch.float32}
+    assert quickdraft.Decoder(target, None, "none", backend="hf").target_backend is own.target_backend  # kept
+    from quickdraft.cli import planned_choice
+
+    choice = planned_choice(read_shape(folder), "hf", None, "cpu")
+    assert choice.precision == "bf16"  # the plan chooses as the loader does
+    report = plan_memory(read_shape(folder), backend="hf", precision=choice.precision)
+    assert report.target_weights == sum(p.numel() for p in tiny_target.parameters()) * 2  # bf16: 2 bytes each
+    # Greedy, plain and speculative, against transformers' own generate in bf16: equal, except that
+    # below fp32 a pass of other rows may round a near-tie the other way (then the two logits at
+    # the first difference are within bf16 rounding of each other).
+    model = target.built[torch.bfloat16]
+    for prompt in ([3, 1, 4, 1, 5], [7, 7, 2, 7, 7, 2, 7]):
+        ids = torch.tensor([prompt])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                             output_scores=True, return_dict_in_generate=True)
+        expected, scores = out.sequences[0, len(prompt):].tolist(), [s[0].float() for s in out.scores]
+        for decoder in (own, quickdraft.Decoder(target, None, "prompt-lookup", 3, backend="hf", draft_length="fixed")):
+            made = decoder.generate(prompt, max_new_tokens=12).token_ids
+            first = next((i for i, (a, b) in enumerate(zip(made, expected)) if a != b), None)
+            if first is None:
+                assert made == expected
+            else:
+                gap = (scores[first][expected[first]] - scores[first][made[first]]).abs()
+                assert gap <= 0.02 * scores[first].abs().max(), (prompt, first, gap)

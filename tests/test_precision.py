@@ -142,11 +142,11 @@ def test_qwen2_with_biases_and_fallbacks_speculates_exactly_at_int4():
     assert spec.generate(prompt, max_new_tokens=40).token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
 
 
-def test_low_precisions_need_the_native_backend(tiny_target):
-    for precision in ("bf16", "int8", "int4"):
+def test_quantized_precisions_need_the_native_backend(tiny_target):
+    for precision in ("int8", "int4"):
         with pytest.raises(QuickdraftError, match="native backend"):
             Decoder(loaded(tiny_target, "t"), None, "none", backend="hf", precision=precision)
-    with pytest.raises(QuickdraftError, match="unknown precision 'fp8'; choose one of: fp32, bf16, int8, int4"):
+    with pytest.raises(QuickdraftError, match="unknown precision 'fp8'; choose one of: fp32, bf16, int8, int4, fp16"):
         Decoder(loaded(tiny_target, "t"), None, "none", precision="fp8")
 
 

@@ -100,7 +100,7 @@ def test_native_from_a_bf16_safetensors_folder_equals_native_from_its_transforme
         ours = NativeWeights.from_source(loaded.config, loaded.weights, precision)
         old = NativeWeights.from_model(model, precision)
         assert torch.equal(logits(ours, [3, 4, 5, 6]), logits(old, [3, 4, 5, 6])), precision
-    assert loaded.built is None  # no transformers model was built
+    assert not loaded.built  # no transformers model was built
 
 
 def test_a_safetensors_folder_missing_a_tensor_names_it(tiny_target, tmp_path):

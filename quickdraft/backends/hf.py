@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from quickdraft.models.precision import precision_of
 from quickdraft.backends.base import PassOutput, SeqPass, check_passes, logit_rows, tapped_layers
 
 PadPlan = dict[int, int]  # tokens in a pass -> tokens actually run (padding after them; measured faster)
@@ -58,7 +59,7 @@ class HFBackend:
         head = model.get_output_embeddings().weight
         self.vocab_size, self.hidden_size = int(head.shape[0]), int(head.shape[1])
         self.device, self.dtype = head.device, head.dtype
-        self.precision = "fp32" if head.dtype == torch.float32 else str(head.dtype).removeprefix("torch.")
+        self.precision = precision_of(head.dtype)
 
     def new_cache(self, length: int | None = None) -> HFCache:
         return HFCache(self._cache_config)

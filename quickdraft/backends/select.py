@@ -110,7 +110,7 @@ class Choice(NamedTuple):
 
 def choose_backend(config: PretrainedConfig, gguf: Path | None, name: str, kind: str = AUTO,
                    precision: str | None = None, device: str | torch.device = AUTO, inner_layers: bool = False,
-                   verdict: Callable[[], BackendChoice | None] | None = None) -> Choice:
+                   stored: str = "fp32", verdict: Callable[[], BackendChoice | None] | None = None) -> Choice:
     """The one place a backend is chosen, from the specs (backends/kinds.py). Asked for: that
     backend, checked (device, architecture, file, precision, inner layers). auto: on a CUDA
     device, static where the architecture is supported and the precision dense; on a CPU,
@@ -118,13 +118,16 @@ def choose_backend(config: PretrainedConfig, gguf: Path | None, name: str, kind:
     and the method does not read inner layers, unless `verdict` (llama.cpp timed against a
     native copy, backends/choice.py; asked only where that copy is small, timed_against_native)
     finds native clearly faster; else native where the architecture is supported, else hf.
-    inner_layers: the method reads inner layers' states (EAGLE-3)."""
+    inner_layers: the method reads inner layers' states (EAGLE-3). stored: the checkpoint's own
+    precision (LoadedModel.stored_precision), the hf backend's when none is asked for: a
+    transformers model is built in the dtype it was saved in."""
     check_backend_kind(kind)
     device = device if isinstance(device, torch.device) else resolve_device(device)  # a device object: as given
     if precision is not None:
         check_precision(precision, kind)
     if kind != AUTO:
-        return _asked(spec_of(kind), config, gguf, name, precision, device, inner_layers)
+        return _asked(spec_of(kind), config, gguf, name, precision or (stored if kind == HF else None), device,
+                      inner_layers)
     if precision == GGUF:
         return _asked(SPECS[LLAMA_CPP], config, gguf, name, precision, device, inner_layers, "precision gguf")
     default = precision or default_precision(device)
@@ -140,12 +143,14 @@ def choose_backend(config: PretrainedConfig, gguf: Path | None, name: str, kind:
         if found is not None and found.llama_cpp:
             return Choice(LLAMA_CPP, GGUF, found.reason)
         why = found.reason if found is not None else "backend timing is off (measure_shapes=False)"
-    if supports(config, default):
+    if default in SPECS[NATIVE].precisions and supports(config, default):
         return Choice(NATIVE, default, why if why.startswith(f"{NATIVE}:") else f"{NATIVE}: {why}")
-    if default not in SPECS[HF].precisions:
-        raise QuickdraftError(f"the hf backend computes at {', '.join(SPECS[HF].precisions)}, not {default}, and "
+    chosen = precision or stored  # transformers' model in the checkpoint's own dtype unless asked otherwise
+    if chosen not in SPECS[HF].precisions:
+        raise QuickdraftError(f"the hf backend computes at {', '.join(SPECS[HF].precisions)}, not {chosen}, and "
                               f"the native backend does not support {name!r} ({config.model_type!r})")
-    return Choice(HF, default, f"{HF}: {why}; the native backend does not support it")
+    missing = f"does not compute at {default}" if supports(config, None) else "does not support it"
+    return Choice(HF, chosen, f"{HF}: {why}; the native backend {missing}")
 
 
 def _asked(spec: BackendSpec, config: PretrainedConfig, gguf: Path | None, name: str, precision: str | None,
@@ -190,7 +195,7 @@ def draft_backend(kind: str, precision: str, loaded: LoadedModel, device: torch.
     if spec.needs_gguf and loaded.gguf is None:
         return AUTO, default_precision(device)
     if not spec.architectures(loaded.config, None):
-        return HF, SPECS[HF].precisions[0]
+        return HF, loaded.stored_precision
     return kind, precision
 
 
@@ -260,7 +265,8 @@ def make_backend(loaded: LoadedModel, kind: str = AUTO, precision: str = "fp32",
     llama.cpp verdict is the Decoder's). measure: time pass shapes on this machine (once, cached
     under cache_dir) and use the fastest. context: the llama.cpp backend's KV cells (None:
     llama_cpp.DEFAULT_CELLS at most)."""
-    kind = choose_backend(loaded.config, loaded.gguf, loaded.name, kind, precision, device).kind
+    kind = choose_backend(loaded.config, loaded.gguf, loaded.name, kind, precision, device,
+                          stored=loaded.stored_precision).kind
     device = resolve_device(device)
     spec = SPECS[kind]
     if layers is not None and spec.subset is not None:
@@ -294,14 +300,15 @@ def make_backend(loaded: LoadedModel, kind: str = AUTO, precision: str = "fp32",
                          "hidden": backend.hidden_size, "vocab": backend.vocab_size, "max_length": backend.max_length}
                 backend.time_passes = partial(measure_pass_costs, folder=folder, signature=shape, grid=NATIVE_COST_GRID)
     else:
+        model = loaded.transformers_model(get_precision(precision).dtype)  # in the precision chosen
         if device.type != "cpu":
-            loaded.model.to(device)  # transformers runs the model where its weights are
+            model.to(device)  # transformers runs the model where its weights are
         if layers is not None:
             # The view's cache uses the full model's layout: each kept layer writes its own slot.
-            backend = HFBackend(layer_subset_model(loaded.model, layers), loaded.name, loaded.tokenizer,
-                                loaded.eos_ids, cache_config=loaded.model.config, plan=whole.plan)
+            backend = HFBackend(layer_subset_model(model, layers), loaded.name, loaded.tokenizer,
+                                loaded.eos_ids, cache_config=model.config, plan=whole.plan)
         else:
-            backend = HFBackend(loaded.model, loaded.name, loaded.tokenizer, loaded.eos_ids)
+            backend = HFBackend(model, loaded.name, loaded.tokenizer, loaded.eos_ids)
             if measure:
                 backend.plan = measure_pad_plan(backend, folder)
     loaded.backends[key] = backend

@@ -32,8 +32,9 @@ from transformers import (
 from quickdraft.errors import QuickdraftError
 from quickdraft.models import gguf_convert
 from quickdraft.models.embedded import DEFAULT_NAME, default_gguf_path
-from quickdraft.models.weights import (GgufWeights, ModuleWeights, SafetensorsWeights, WeightSource, build_model,
-                                      check_shapes, meta_model, tensor_or_tied)
+from quickdraft.models.precision import get_precision
+from quickdraft.models.weights import (GgufWeights, ModuleWeights, SafetensorsWeights, WeightSource,
+                                      build_model, check_shapes, meta_model, stored_precision, tensor_or_tied)
 
 ModelSource = str | os.PathLike | PreTrainedModel | None
 
@@ -48,32 +49,44 @@ class LoadedModel:
     name: str
     weights: WeightSource
     gguf: Path | None = None  # the GGUF file it came from, if any (llama.cpp runs it as it is)
-    build: Callable[[], PreTrainedModel] | None = field(default=None, repr=False)  # makes `model`
+    build: Callable[[torch.dtype], PreTrainedModel] | None = field(default=None, repr=False)  # makes a transformers model
     generation: GenerationConfig | None = field(default=None, repr=False)
     # What is derived from the model once per process and shared by every decoder over it:
     # backends by (kind, precision, device, layers), native weights by (precision, device),
-    # trained heads by (kind, folder, full vocabulary, device).
+    # trained heads by (kind, folder, full vocabulary, device), transformers models by dtype.
     backends: dict = field(default_factory=dict, repr=False)
     native: dict = field(default_factory=dict, repr=False)
     heads: dict = field(default_factory=dict, repr=False)
-    built: PreTrainedModel | None = field(default=None, repr=False)
+    built: dict[torch.dtype, PreTrainedModel] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, name: str) -> LoadedModel:
         """A transformers model already in memory (its parameters are the weight source)."""
         model.eval()
-        return cls(model.config, tokenizer, name, ModuleWeights(model),
-                   generation=getattr(model, "generation_config", None), built=model)
+        weights = ModuleWeights(model)
+        return cls(model.config, tokenizer, name, weights, generation=getattr(model, "generation_config", None),
+                   build=lambda dtype: build_model(model.config, weights, dtype), built={model.dtype: model})
+
+    @property
+    def stored_precision(self) -> str:
+        """The precision the checkpoint stores its weights in (fp32 for a GGUF file): what the hf
+        backend computes at unless another is asked for."""
+        return stored_precision(self.weights)
+
+    def transformers_model(self, dtype: torch.dtype | None = None) -> PreTrainedModel:
+        """The transformers model in `dtype` (None: the checkpoint's own), built from the source on
+        first use and kept: only the hf backend, head training and transformers peers ask for one."""
+        dtype = dtype or get_precision(self.stored_precision).dtype
+        if dtype not in self.built:
+            if self.build is None:
+                raise QuickdraftError(f"{self.name!r} has no transformers model to build")
+            self.built[dtype] = self.build(dtype).eval()
+        return self.built[dtype]
 
     @property
     def model(self) -> PreTrainedModel:
-        """The transformers model, built from the source on first use (fp32): only the hf backend,
-        head training and transformers peers ask for it."""
-        if self.built is None:
-            if self.build is None:
-                raise QuickdraftError(f"{self.name!r} has no transformers model to build")
-            self.built = self.build().eval()
-        return self.built
+        """The transformers model in fp32 (head training and the transformers peers read it so)."""
+        return self.transformers_model(torch.float32)
 
     def tensor(self, name: str) -> torch.Tensor:
         """One weight by its transformers name, from the source (a tied LM head is the embedding)."""
@@ -113,13 +126,13 @@ def load_model(
     source: ModelSource,
     tokenizer: PreTrainedTokenizerBase | None = None,
     cache_dir: str | os.PathLike | None = None,
-    dtype: torch.dtype = torch.float32,
 ) -> LoadedModel:
-    """Load `source` (None means the embedded default target) as a LoadedModel. dtype: of the
-    transformers model, when one is built."""
+    """Load `source` (None means the embedded default target) as a LoadedModel: its config,
+    tokenizer and weight source; a transformers model is built only when asked for
+    (LoadedModel.transformers_model)."""
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if source is None:
-        loaded = _load_gguf(default_gguf_path(), cache, dtype)
+        loaded = _load_gguf(default_gguf_path(), cache)
         loaded.name = DEFAULT_NAME
         return loaded
     if isinstance(source, PreTrainedModel):
@@ -128,29 +141,29 @@ def load_model(
         raise QuickdraftError(
             f"a model must be a hub id, a path or a transformers model, not {type(source).__name__}"
         )
-    loaded = _load_path_or_id(str(source), cache, dtype)
+    loaded = _load_path_or_id(str(source), cache)
     if tokenizer is not None:
         loaded.tokenizer = tokenizer
     return loaded
 
 
-def _load_path_or_id(source: str, cache: Path, dtype: torch.dtype) -> LoadedModel:
+def _load_path_or_id(source: str, cache: Path) -> LoadedModel:
     path = Path(source).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise QuickdraftError(f"{source} is a file but not a .gguf model file")
-        return _load_gguf(path, cache, dtype)
+        return _load_gguf(path, cache)
     if path.is_dir():
         if (path / "config.json").is_file():
-            return _load_folder(path, dtype, path.name)
+            return _load_folder(path, path.name)
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            return _load_gguf(ggufs[0], cache, dtype)
+            return _load_gguf(ggufs[0], cache)
         what = "several .gguf files (pass one)" if ggufs else "no config.json and no .gguf file"
         raise QuickdraftError(f"model folder {source} has {what}")
     if _looks_like_path(source):
         raise QuickdraftError(f"model not found: no such file or folder {source}")
-    return _load_hub(source, dtype)
+    return _load_hub(source)
 
 
 def _looks_like_path(source: str) -> bool:
@@ -163,7 +176,7 @@ def _looks_like_path(source: str) -> bool:
     )
 
 
-def _load_hub(model_id: str, dtype: torch.dtype) -> LoadedModel:
+def _load_hub(model_id: str) -> LoadedModel:
     """A hub id: its files fetched (or found in the hub cache) into a folder, then loaded as one."""
     from huggingface_hub import snapshot_download
 
@@ -174,10 +187,10 @@ def _load_hub(model_id: str, dtype: torch.dtype) -> LoadedModel:
             folder = Path(snapshot_download(model_id, allow_patterns=[*files, "*.bin"]))
     except Exception as error:  # the hub client raises many types: offline, unknown id, gated
         raise QuickdraftError(f"could not load model {model_id!r}: {_first_line(error)}") from error
-    return _load_folder(folder, dtype, model_id)
+    return _load_folder(folder, model_id)
 
 
-def _load_folder(folder: Path, dtype: torch.dtype, name: str) -> LoadedModel:
+def _load_folder(folder: Path, name: str) -> LoadedModel:
     """A transformers folder: safetensors are read in place; other weight files (.bin) are loaded
     by transformers."""
     try:
@@ -193,14 +206,14 @@ def _load_folder(folder: Path, dtype: torch.dtype, name: str) -> LoadedModel:
     except OSError:
         generation = None
 
-    def build() -> PreTrainedModel:
+    def build(dtype: torch.dtype) -> PreTrainedModel:
         try:
             return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
         except (OSError, ValueError, KeyError) as error:
             raise QuickdraftError(f"could not load model {str(folder)!r}: {_first_line(error)}") from error
 
-    if not any(folder.glob("*.safetensors")):
-        loaded = LoadedModel.of(build(), tokenizer, name)
+    if not any(folder.glob("*.safetensors")):  # .bin files: transformers reads them (in their own dtype)
+        loaded = LoadedModel.of(build("auto"), tokenizer, name)
         loaded.generation = generation or loaded.generation
         return loaded
     weights = SafetensorsWeights(folder)
@@ -208,7 +221,7 @@ def _load_folder(folder: Path, dtype: torch.dtype, name: str) -> LoadedModel:
     return LoadedModel(config, tokenizer, name, weights, build=build, generation=generation)
 
 
-def _load_gguf(path: Path, cache: Path, dtype: torch.dtype) -> LoadedModel:
+def _load_gguf(path: Path, cache: Path) -> LoadedModel:
     """A GGUF file: its config and tokenizer from its metadata (the tokenizer cached), its weights
     read from the file when a backend asks; nothing de-quantized up front, nothing written but the
     tokenizer."""
@@ -224,7 +237,7 @@ def _load_gguf(path: Path, cache: Path, dtype: torch.dtype) -> LoadedModel:
     except Exception as error:  # gguf's reader raises many types on a bad file
         raise QuickdraftError(f"could not read GGUF file {path}: {_first_line(error)}") from error
 
-    def build() -> PreTrainedModel:
+    def build(dtype: torch.dtype) -> PreTrainedModel:
         try:
             if fast:
                 return build_model(config, weights, dtype)

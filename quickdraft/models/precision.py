@@ -22,7 +22,14 @@ PRECISIONS = {
     "bf16": Precision("bf16", torch.bfloat16, "dense"),
     "int8": Precision("int8", torch.bfloat16, "int8"),
     "int4": Precision("int4", torch.bfloat16, "int4"),
+    "fp16": Precision("fp16", torch.float16, "dense"),  # the hf backend's, for fp16 checkpoints
 }
+
+
+def precision_of(dtype: torch.dtype) -> str:
+    """The dense precision a checkpoint stores its weights in: fp32 for anything not bf16 or fp16
+    (a GGUF file's quantized tensors read as fp32)."""
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
 
 
 def get_precision(name: str) -> Precision:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -25,6 +26,7 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorPr
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.gguf_blocks import BLOCK_BYTES, unpack_int4_blocks
 from quickdraft.models.gguf_convert import GgufTensor, gguf_to_hf_names, read_table
+from quickdraft.models.precision import precision_of
 from quickdraft.models.quantize import ROWS_AT_ONCE, Int4Weight
 
 EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -41,6 +43,9 @@ class WeightSource(Protocol):
 
     def shape(self, name: str) -> tuple[int, ...]:
         """A tensor's shape, without reading it."""
+
+    def dtype(self, name: str) -> torch.dtype:
+        """The dtype get() gives a tensor in (the checkpoint's own; fp32 from a GGUF file), without reading it."""
 
     def read_into(self, name: str, out: torch.Tensor) -> None:
         """One tensor's values written into `out` (its shape, any dtype), with no copy where the
@@ -108,6 +113,13 @@ def stored_name(source: WeightSource, config: PretrainedConfig, name: str) -> st
     return name
 
 
+def stored_precision(source: WeightSource) -> str:
+    """The precision a checkpoint stores its weights in: its largest tensor's dtype (fp32 for a
+    GGUF file, whose quantized tensors read as fp32)."""
+    largest = max(source.names(), key=lambda name: math.prod(source.shape(name)))
+    return precision_of(source.dtype(largest))
+
+
 def tensor_or_tied(source: WeightSource, config: PretrainedConfig, name: str) -> torch.Tensor:
     """`name`'s tensor; a tied LM head is the embedding."""
     return source.get(stored_name(source, config, name))
@@ -160,6 +172,9 @@ class ModuleWeights:
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._tensors[name].shape)
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self._tensors[name].dtype
 
     def read_into(self, name: str, out: torch.Tensor) -> None:
         out.copy_(self.get(name))
@@ -218,6 +233,10 @@ class SafetensorsWeights:
         if name not in self._stored:
             raise QuickdraftError(f"{self.folder} has no tensor {name}")
         return self._stored[name].shape
+
+    def dtype(self, name: str) -> torch.dtype:
+        self.shape(name)  # a clear error for a missing tensor
+        return self._stored[name].dtype
 
     def get(self, name: str) -> torch.Tensor:
         return self.read(name, self._stored[name].dtype if name in self._stored else torch.float32)
@@ -310,6 +329,9 @@ class GgufWeights:
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self.tensor(name).shape
+
+    def dtype(self, name: str) -> torch.dtype:
+        return torch.float32  # de-quantized (or widened) on reading
 
     def read_into(self, name: str, out: torch.Tensor) -> None:
         """De-quantized ROWS_AT_ONCE rows at a time straight into `out` when the architecture's
