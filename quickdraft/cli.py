@@ -135,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--device", default="auto",
                        help="auto (a CUDA GPU when present, else the CPU), cpu or cuda (cuda:N): where the target "
                             "distils and extracts features and the head trains")
+    train.add_argument("--target-precision", choices=["fp32", "bf16", "int8", "int4"],
+                       help="what the target computes at while it distils and extracts features (default: the "
+                            "checkpoint's own where the native backend has it: bf16 stays bf16, a GGUF file fp32)")
 
     export = commands.add_parser("export-head", help="write an EAGLE-3 head as a vLLM or SGLang draft model")
     export.add_argument("--head", type=Path,
@@ -359,7 +362,7 @@ def _train(args: argparse.Namespace) -> int:
                    distill_tokens=args.distill,
                    distill_examples=_one_or_each(args.distill_examples), cache=args.cache, settings=settings,
                    eagle=args.eagle, distill_batch=args.distill_batch,
-                   feature_batch=args.feature_batch)
+                   feature_batch=args.feature_batch, target_precision=args.target_precision)
     top1 = ", ".join(f"{a:.1%}" for a in result["held_out_top1"])
     kind = "held-out top-1 (teacher-forced)" if len(result["held_out_top1"]) == 1 or args.kind == "medusa" else \
         "held-out top-1 by draft depth"

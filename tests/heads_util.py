@@ -38,3 +38,10 @@ def medusa_heads(target: LoadedModel, folder: Path, heads: int = 3) -> Path:
     head = MedusaHeads(lm_head, heads)
     return _save(head, folder, {"kind": "medusa", "target": target.name, "heads": heads,
                                 "vocab": lm_head.shape[0], "hidden": lm_head.shape[1]})
+
+
+def target_backend(model: torch.nn.Module):
+    """The backend `quickdraft train` distils and extracts features on, over a transformers model in memory."""
+    from quickdraft.heads.command import feature_decoder
+
+    return feature_decoder(LoadedModel.of(model, None, "t")).target_backend

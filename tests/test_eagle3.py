@@ -21,6 +21,7 @@ from quickdraft.heads.precision import PRECISIONS
 from quickdraft.heads.train import TrainSettings, load_eagle, training_vocabulary
 from quickdraft.heads.train_eagle3 import train_eagle3, unroll_mask, unrolled_states
 from quickdraft.heads.vocab import coverage, draft_vocabulary
+from heads_util import target_backend
 from test_heads import IdTokenizer
 
 H, V = 32, 50
@@ -93,7 +94,7 @@ def fused(tiny_target, tmp_path_factory):
     text = "abcdefgh ijk " * 10
     sequences = [encode_example(IdTokenizer(), Example(text[:i], text[i:] + text[:i]), 256) for i in range(1, 41)]
     folder = tmp_path_factory.mktemp("fused")
-    shards = load_features(extract_features(tiny_target, sequences, folder, progress=False, layers=config.features))
+    shards = load_features(extract_features(target_backend(tiny_target), sequences, folder, progress=False, layers=config.features))
     assert shards[0]["hidden"].shape[1] == 3 * tiny_target.config.hidden_size
     return shards, config
 

@@ -9,6 +9,7 @@ from conftest import DEVICES, loaded, tiny_llama
 from quickdraft import Decoder
 from quickdraft.drafters.tree_record import TreeRecord
 from quickdraft.errors import QuickdraftError
+from quickdraft.heads.command import feature_decoder
 from quickdraft.heads.distill import regenerate
 from quickdraft.heads.features import extract_features, load_features
 from quickdraft.heads.eagle3 import Eagle3Config
@@ -23,8 +24,9 @@ def train_heads(model, folder, vocab):
     torch.manual_seed(0)  # test-only: the heads' initial weights, whatever ran before
     generator = torch.Generator().manual_seed(0)
     prompts = [(torch.randint(vocab, (6,), generator=generator).tolist(), 6) for _ in range(48)]
-    sequences = regenerate(model, prompts, 0, [], 40, batch_size=16, progress=False)
-    shards = load_features(extract_features(model, sequences, folder / "features", progress=False))
+    decoder = feature_decoder(loaded(model, "t"))
+    sequences = regenerate(decoder, prompts, 40, batch_size=16, progress=False)
+    shards = load_features(extract_features(decoder.target_backend, sequences, folder / "features", progress=False))
     lm_head, embed = model.lm_head.weight.detach(), model.model.embed_tokens.weight.detach()
     # A draft vocabulary of 24 tokens: smaller than the 32 of the tiny target, not than the 8 of the small one.
     # fp32, not "auto": the same heads on every machine, whichever precision it measures faster.
@@ -33,7 +35,8 @@ def train_heads(model, folder, vocab):
     settings = TrainSettings(steps=200, sequences=8, window=64, lr=3e-3, vocab=24, precision="fp32")
     train_eagle(shards, lm_head, embed, model.config, folder / "eagle", settings, "t", progress=False)
     config = Eagle3Config.from_target(model.config)
-    fused = load_features(extract_features(model, sequences, folder / "fused", progress=False, layers=config.features))
+    fused = load_features(extract_features(decoder.target_backend, sequences, folder / "fused", progress=False,
+                                           layers=config.features))
     train_eagle3(fused, lm_head, model.model.norm.weight.detach(), embed, config, folder / "eagle3",
                  TrainSettings(steps=150, sequences=8, window=64, lr=3e-3, vocab=24, unroll=3, precision="fp32"), "t",
                  progress=False)

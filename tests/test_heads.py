@@ -10,7 +10,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.heads.data import Example, read_examples
 from quickdraft.heads.eagle import EagleConfig, EagleHead
 from quickdraft.heads.eagle3 import Eagle3Config, Eagle3Head
-from quickdraft.heads.command import distilled
+from quickdraft.heads.command import distilled, feature_decoder
 from quickdraft.heads.distill import answers_file, read_answers, regenerate
 from quickdraft.heads.features import extract_features, feature_batches, load_features
 from quickdraft.heads.medusa import MedusaHeads, medusa_loss
@@ -18,6 +18,7 @@ from quickdraft.heads.train import (TrainSettings, eagle_batch, eagle_sequences,
                                     medusa_positions, train_eagle, train_medusa)
 from quickdraft.heads.vocab import coverage, draft_vocabulary, vocabulary_index
 from quickdraft.models.loading import LoadedModel
+from heads_util import target_backend
 
 
 def test_training_files_in_every_format_and_evaluation_sets_refused(tmp_path):
@@ -99,23 +100,23 @@ def tiny_shards(tiny_target, tmp_path_factory):
     text = "abcdefgh " * 12
     sequences = [encode_example(IdTokenizer(), Example("", text[i:] + text[:i]), 256) for i in range(40)]
     folder = tmp_path_factory.mktemp("features")
-    return load_features(extract_features(tiny_target, sequences, folder, progress=False))
+    return load_features(extract_features(target_backend(tiny_target), sequences, folder, progress=False))
 
 
 def test_feature_shards_are_cut_by_content_and_reused_when_examples_are_added(tiny_target, tmp_path):
     generator = torch.Generator().manual_seed(0)
     sequences = [(torch.randint(32, (12,), generator=generator).tolist(), 4) for _ in range(60)]
-    folder = extract_features(tiny_target, sequences, tmp_path / "grown", progress=False, shard_examples=6)
+    folder = extract_features(target_backend(tiny_target), sequences, tmp_path / "grown", progress=False, shard_examples=6)
     first = {name: (folder / name).stat().st_mtime_ns for name in json.loads((folder / "index.json").read_text())["shards"]}
     assert len(first) > 4
     added = sequences[:30] + [(torch.randint(32, (12,), generator=generator).tolist(), 4) for _ in range(3)]
     added += sequences[30:]
-    grown = load_features(extract_features(tiny_target, added, folder, progress=False, shard_examples=6))
+    grown = load_features(extract_features(target_backend(tiny_target), added, folder, progress=False, shard_examples=6))
     now = json.loads((folder / "index.json").read_text())["shards"]
     # Only the shard that took the new examples was made again; every other one was reused as it was.
     assert len(set(first) - set(now)) == 1
     assert all((folder / name).stat().st_mtime_ns == first[name] for name in first)
-    fresh = load_features(extract_features(tiny_target, added, tmp_path / "fresh", progress=False, shard_examples=6))
+    fresh = load_features(extract_features(target_backend(tiny_target), added, tmp_path / "fresh", progress=False, shard_examples=6))
     assert len(grown) == len(fresh)
     for ours, theirs in zip(grown, fresh):
         assert all(torch.equal(ours[key], theirs[key]) for key in theirs)
@@ -131,9 +132,9 @@ def test_batched_features_equal_one_example_a_pass(tiny_target, tmp_path):
     generator = torch.Generator().manual_seed(3)
     sequences = [(torch.randint(32, (n,), generator=generator).tolist(), n // 3) for n in range(4, 40, 3)]
     layers = Eagle3Config.from_target(tiny_target.config).features
-    batched = load_features(extract_features(tiny_target, sequences, tmp_path / "batched", progress=False,
+    batched = load_features(extract_features(target_backend(tiny_target), sequences, tmp_path / "batched", progress=False,
                                              layers=layers, batch_tokens=256))
-    alone = load_features(extract_features(tiny_target, sequences, tmp_path / "alone", progress=False,
+    alone = load_features(extract_features(target_backend(tiny_target), sequences, tmp_path / "alone", progress=False,
                                            layers=layers, batch_tokens=1))
     assert len(feature_batches([len(ids) for ids, _ in sequences], 256)) < len(sequences)  # passes of several
     assert len(batched) == len(alone)
@@ -147,15 +148,16 @@ def test_distilled_answers_are_kept_per_prompt_and_only_new_prompts_run(tiny_tar
     generator = torch.Generator().manual_seed(1)
     sequences = [(torch.randint(1, 32, (5,), generator=generator).tolist() + [0, 0], 5) for _ in range(6)]
     target = LoadedModel.of(tiny_target, IdTokenizer(), "tiny")
-    answered = distilled(target, sequences[:4], 6, tmp_path, progress=False, batch=2)
-    expected = regenerate(tiny_target, [(ids[:5], 5) for ids, _ in sequences], 0, [], 6, progress=False)
+    decoder = feature_decoder(target)
+    answered = distilled(decoder, sequences[:4], 6, tmp_path, progress=False, batch=2)
+    expected = regenerate(decoder, [(ids[:5], 5) for ids, _ in sequences], 6, progress=False)
     assert answered == expected[:4]
     saved = answers_file(tmp_path, "tiny", 6)
     assert len(saved.read_text().splitlines()) == 4
     # A crash in the middle of a line: that answer is made again, the others are read back.
     saved.write_text(saved.read_text()[:-9])
     assert len(read_answers(saved)) == 3
-    assert distilled(target, sequences, 6, tmp_path, progress=False, batch=2) == expected
+    assert distilled(decoder, sequences, 6, tmp_path, progress=False, batch=2) == expected
     assert len(read_answers(saved)) == 6
     # Another target does not read these answers.
     assert answers_file(tmp_path, "other", 6) != saved
@@ -316,3 +318,52 @@ def test_draft_kernel_is_measured_once_and_cached(tmp_path):
     other = next(k for k in DRAFT_KERNELS if k != chosen)
     saved.write_text(saved.read_text().replace(f'"choice": "{chosen}"', f'"choice": "{other}"'))
     assert draft_kernel(head, tmp_path, progress=False) == other  # read back, not measured again
+
+
+def test_features_and_answers_come_through_the_backend_without_a_transformers_model(tiny_target, tmp_path):
+    from quickdraft.heads.features import target_features
+    from quickdraft.models.loading import load_model
+
+    tiny_target.save_pretrained(tmp_path / "tiny")
+    target = load_model(str(tmp_path / "tiny"))
+    decoder = feature_decoder(target)
+    assert decoder.backend_kind == "native" and decoder.precision == "fp32"  # the checkpoint's own, as saved
+    generator = torch.Generator().manual_seed(2)
+    sequences = [(torch.randint(32, (n,), generator=generator).tolist(), 3) for n in (7, 12, 20)]
+    layers = Eagle3Config.from_target(target.config).features
+    made = target_features(decoder.target_backend, sequences, layers) + target_features(decoder.target_backend,
+                                                                                        sequences, ())
+    answers = regenerate(decoder, [(ids[:4], 4) for ids, _ in sequences], 6, progress=False)
+    assert not target.built  # neither distillation nor features built a transformers model
+    for (ids, start), (fused, fused_choice), (last, choice), (answer, _) in zip(sequences, made[:3], made[3:],
+                                                                                answers):
+        with torch.no_grad():  # transformers' own forward over the same weights
+            out = tiny_target.model(torch.tensor([ids]), output_hidden_states=True)
+            expected_choice = tiny_target.lm_head(out.last_hidden_state[0]).argmax(-1)
+            expected = tiny_target.generate(torch.tensor([ids[:4]]), max_new_tokens=6, do_sample=False)[0].tolist()
+        torch.testing.assert_close(last.float(), out.last_hidden_state[0], atol=2e-2, rtol=1e-2)  # stored as bf16
+        torch.testing.assert_close(fused.float(), torch.cat([out.hidden_states[i][0] for i in layers], -1),
+                                   atol=2e-2, rtol=1e-2)
+        assert torch.equal(choice, expected_choice.to(torch.int32))
+        assert (fused_choice[: max(start - 2, 0)] == -1).all()  # EAGLE-3: no choices in the prompt
+        assert torch.equal(fused_choice[max(start - 2, 0):], choice[max(start - 2, 0):])
+        assert answer == expected[: len(answer)] and (len(answer) == 10 or answer[-1] in decoder.eos_ids)
+
+
+@pytest.mark.parametrize("kind, eagle", [("medusa", 3), ("eagle", 3)])
+def test_quickdraft_train_distils_and_extracts_through_the_backend_on_the_default_target(tmp_path, capsys, kind,
+                                                                                         eagle):
+    from quickdraft.cli import main
+    from quickdraft.heads.train import CONFIG_FILE
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"question": f"Count to {n}.", "answer": " ".join(map(str, range(n)))}) + "\n"
+                            for n in range(3, 9)))
+    out = tmp_path / kind
+    assert main(["train", kind, "--data", str(data), "--output", str(out), "--distill", "6", "--steps", "3",
+                 "--vocab", "64", "--eagle", str(eagle), "--device", "cpu", "--precision", "fp32"]) == 0
+    config = json.loads((out / CONFIG_FILE).read_text())
+    assert config["kind"] == kind and config["target"] == "SmolLM2-135M-Instruct"
+    assert "trained a" in capsys.readouterr().out
+    answers = list((out / "cache").glob("answers-*.jsonl"))  # the target's own answers, kept
+    assert len(answers) == 1 and len(answers[0].read_text().splitlines()) == 6

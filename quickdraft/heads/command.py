@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quickdraft.backends.kinds import NATIVE, SPECS
+from quickdraft.backends.select import choose_backend
+from quickdraft.decoder import Decoder
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.data import read_examples
 from quickdraft.heads.distill import answers_file, append_answers, read_answers, regenerate
@@ -13,19 +16,40 @@ from quickdraft.heads.eagle3 import Eagle3Config
 from quickdraft.heads.train import TrainSettings, train_eagle, train_medusa
 from quickdraft.heads.train_eagle3 import train_eagle3
 from quickdraft.models.loading import LoadedModel, load_model
+from quickdraft.models.native import supports
+from quickdraft.models.weights import EMBED, LM_HEAD
+
+NORM = "model.norm.weight"  # the final norm (EAGLE-3 heads norm their output with the target's)
 
 KINDS = ("medusa", "eagle")
+
+
+def feature_decoder(loaded: LoadedModel, device: str = "cpu", precision: str | None = None) -> Decoder:
+    """Plain decoding of the target on a backend that returns inner layers' states (native where it
+    runs the architecture, else hf): what distils its answers and extracts its features. precision:
+    the checkpoint's own where native computes at it (a GGUF file's: fp32; fp16 runs at bf16), so
+    an 8B bf16 checkpoint needs no fp32 copy; None chooses so."""
+    if precision is None:
+        stored = loaded.stored_precision
+        precision = stored if stored in SPECS[NATIVE].precisions else "bf16"
+        if not supports(loaded.config, precision):  # an architecture native runs at fp32 only (Gemma 3), or not at all
+            precision = "fp32" if supports(loaded.config, "fp32") else stored
+    choice = choose_backend(loaded.config, loaded.gguf, loaded.name, precision=precision, device=device,
+                            inner_layers=True, stored=loaded.stored_precision)
+    return Decoder(loaded, None, "none", backend=choice.kind, precision=choice.precision, device=device)
 
 
 def training_sequences(loaded: LoadedModel, data: list[Path], max_examples: int | list[int] | None,
                        max_tokens: int, distill_tokens: int | None, cache: Path,
                        distill_examples: int | list[int] | None = None,
-                       progress: bool = True, distill_batch: int = 64) -> list[Sequence]:
+                       progress: bool = True, distill_batch: int = 64,
+                       decoder: Decoder | None = None) -> list[Sequence]:
     """Every file's first `max_examples` examples (one count, or one per file), encoded as the
     decoder encodes chats. With
     distill_tokens, the first `distill_examples` of each file (one count, or one per file; default:
     all) get the target's own
-    responses instead of the dataset's (cached in `cache`); the rest keep the dataset's text."""
+    responses instead of the dataset's (cached in `cache`), decoded by `decoder` (default:
+    feature_decoder); the rest keep the dataset's text."""
     limits = max_examples if isinstance(max_examples, list) else [max_examples] * len(data)
     if len(limits) != len(data):
         raise QuickdraftError(f"--max-examples: give one count, or one per data file ({len(data)})")
@@ -41,25 +65,24 @@ def training_sequences(loaded: LoadedModel, data: list[Path], max_examples: int 
     counts = distill_examples if isinstance(distill_examples, list) else [distill_examples] * len(encoded)
     if len(counts) != len(encoded):
         raise QuickdraftError(f"--distill-examples: give one count, or one per data file ({len(encoded)})")
-    chosen = [distilled(loaded, file[:n], distill_tokens, cache, progress, distill_batch)
+    decoder = decoder or feature_decoder(loaded)
+    chosen = [distilled(decoder, file[:n], distill_tokens, cache, progress, distill_batch)
               for file, n in zip(encoded, counts)]
     rest = [sequence for file, n in zip(encoded, counts) for sequence in file[len(file[:n]) :]]
     return [sequence for file in chosen for sequence in file] + rest
 
 
-def distilled(loaded: LoadedModel, sequences: list[Sequence], distill_tokens: int, cache: Path,
+def distilled(decoder: Decoder, sequences: list[Sequence], distill_tokens: int, cache: Path,
               progress: bool, batch: int = 64) -> list[Sequence]:
-    """The sequences' prompts with the target's greedy responses. Answers are kept per prompt in
-    `cache` as each batch finishes: only prompts not answered before are run."""
-    tokenizer = loaded.tokenizer
-    saved = answers_file(cache, loaded.name, distill_tokens)
+    """The sequences' prompts with the target's greedy responses (plain decoding by `decoder`).
+    Answers are kept per prompt in `cache` as each batch finishes: only prompts not answered
+    before are run."""
+    saved = answers_file(cache, decoder.target.name, distill_tokens)
     answers = read_answers(saved)
     prompts = [ids[:start] for ids, start in sequences if start > 0]
     missing = list({tuple(p): (p, len(p)) for p in prompts if tuple(p) not in answers}.values())
     if missing:
-        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-        made = regenerate(loaded.model, missing, pad, eos, distill_tokens, batch_size=batch, progress=progress,
+        made = regenerate(decoder, missing, distill_tokens, batch_size=batch, progress=progress,
                           on_batch=lambda done: append_answers(saved, done))
         answers.update((tuple(ids[:start]), ids[start:]) for ids, start in made)
     return [(p + answers[tuple(p)], len(p)) for p in prompts]
@@ -69,13 +92,16 @@ def train(kind: str, target: str | None, data: list[Path], output: Path, *, head
           max_examples: int | list[int] | None = None, max_tokens: int = 512, distill_tokens: int | None = None,
           distill_examples: int | list[int] | None = None, cache: Path | None = None,
           settings: TrainSettings = TrainSettings(), eagle: int = 3, progress: bool = True,
-          distill_batch: int | None = None, feature_batch: int | None = None) -> dict:
+          distill_batch: int | None = None, feature_batch: int | None = None,
+          target_precision: str | None = None) -> dict:
     """Train a `kind` head for `target` (None: the embedded default) on `data` files; returns its
     config. eagle: 3 (fused features, training-time test) or 1 (last hidden state) for EAGLE heads.
     distill_batch: prompts answered at once (default: 64 on a CPU, 256 on a GPU, where a small
     target's decode step costs about the same for many rows as for few). feature_batch: padded
     tokens of one feature-extraction pass (default: one example a pass on a CPU, where batches
-    measured slower, padding and all; 16,384 on a GPU, where one example a pass is launch-bound)."""
+    measured slower, padding and all; 16,384 on a GPU, where one example a pass is launch-bound).
+    target_precision: what the target computes at for distillation and features (None: the
+    checkpoint's own where the native backend has it; see feature_decoder)."""
     if kind not in KINDS:
         raise QuickdraftError(f"unknown head kind {kind!r}; choose one of: {', '.join(KINDS)}")
     if eagle not in (1, 3):
@@ -96,19 +122,21 @@ def train(kind: str, target: str | None, data: list[Path], output: Path, *, head
         read_examples(path)  # refuse evaluation sets and missing files before loading the model
     cache = cache if cache is not None else output / "cache"
     loaded = load_model(target)
-    loaded.model.to(settings.device)  # distillation and features run where the head trains
+    # Distillation and features run on the target's backend, where the head trains; no transformers model.
+    decoder = feature_decoder(loaded, settings.device, target_precision)
     sequences = training_sequences(loaded, data, max_examples, max_tokens, distill_tokens, cache,
-                                   distill_examples, progress, distill_batch)
-    lm_head = loaded.model.get_output_embeddings().weight.detach().cpu()
-    embeddings = loaded.model.get_input_embeddings().weight.detach().cpu()
+                                   distill_examples, progress, distill_batch, decoder)
+    lm_head = loaded.tensor(LM_HEAD).float()  # the head's own copies, read from the source
+    embeddings = loaded.tensor(EMBED).float()
+    backend = decoder.target_backend
     if kind == "eagle" and eagle == 3:
-        config = Eagle3Config.from_target(loaded.model.config)
-        shards = load_features(extract_features(loaded.model, sequences, cache / "features-eagle3", progress,
+        config = Eagle3Config.from_target(loaded.config)
+        shards = load_features(extract_features(backend, sequences, cache / "features-eagle3", progress,
                                                 config.features, batch_tokens=feature_batch))
-        norm = loaded.model.model.norm.weight.detach().cpu()
+        norm = loaded.tensor(NORM).float()
         return train_eagle3(shards, lm_head, norm, embeddings, config, output, settings, loaded.name, progress)
-    shards = load_features(extract_features(loaded.model, sequences, cache / "features", progress,
+    shards = load_features(extract_features(backend, sequences, cache / "features", progress,
                                             batch_tokens=feature_batch))
     if kind == "medusa":
         return train_medusa(shards, lm_head, heads, output, settings, loaded.name, progress)
-    return train_eagle(shards, lm_head, embeddings, loaded.model.config, output, settings, loaded.name, progress)
+    return train_eagle(shards, lm_head, embeddings, loaded.config, output, settings, loaded.name, progress)

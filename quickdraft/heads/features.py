@@ -1,4 +1,5 @@
-"""Teacher-forced features: each training example through the target once, its last hidden state
+"""Teacher-forced features: each training example through the target's backend once (the one
+plain decoding runs on; no transformers model is built), its last hidden state
 (after the final norm) and its greedy choice at every position kept on disk next to the tokens,
 so heads train without the target. Heads learn the target's choices, not the text's: on text the
 target did not write, the two differ, and drafts must match the target."""
@@ -12,8 +13,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
+from quickdraft.backends.base import Backend, SeqPass
 from quickdraft.heads.data import Example
 
 Sequence = tuple[list[int], int]  # token ids of a conversation, and where its response starts
@@ -64,7 +66,7 @@ def feature_batches(lengths: list[int], budget: int) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: Path,
+def extract_features(backend: Backend, sequences: list[Sequence], folder: Path,
                      progress: bool = True, layers: tuple[int, ...] = (), shard_examples: int = SHARD_EXAMPLES,
                      batch_tokens: int = 1) -> Path:
     """Write shards features-<digest>.safetensors (tokens int32 [N], hidden bf16 [N, H] or, with
@@ -74,9 +76,9 @@ def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: 
     starts int64 [E]) and index.json (this data's shards, in order) into `folder`. A shard is
     named by its examples and layers: one already there is kept (resuming an interrupted run, or
     reusing the examples a run shares with an earlier one). shard_examples: examples a shard on
-    average. A shard's examples run through the target in right-padded batches of at most
-    `batch_tokens` tokens (1: one example a pass, the faster on a CPU; on a GPU one example a
-    pass is bound by kernel launches)."""
+    average. A shard's examples run through the target's `backend` in passes of at most
+    `batch_tokens` tokens (1: one example a pass; on a GPU one example a pass is bound by kernel
+    launches)."""
     folder.mkdir(parents=True, exist_ok=True)
     suffix = f"-layers-{'-'.join(map(str, layers))}" if layers else ""
     bar = tqdm(total=len(sequences), desc="features", unit="example", disable=not progress)
@@ -94,7 +96,7 @@ def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: 
             continue
         made: list[tuple[torch.Tensor, torch.Tensor]] = [None] * len(kept)  # type: ignore[list-item]
         for batch in feature_batches([len(ids) for ids, _ in kept], batch_tokens):
-            for i, features in zip(batch, target_features(model, [kept[i] for i in batch], layers)):
+            for i, features in zip(batch, target_features(backend, [kept[i] for i in batch], layers)):
                 made[i] = features
             bar.update(len(batch))
         staging = folder / (name + ".partial")
@@ -108,26 +110,20 @@ def extract_features(model: PreTrainedModel, sequences: list[Sequence], folder: 
     return folder
 
 
-def target_features(model: PreTrainedModel, batch: list[Sequence],
+def target_features(backend: Backend, batch: list[Sequence],
                     layers: tuple[int, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """One right-padded pass of the target over `batch` -> each sequence's (features bf16 [T, F],
-    choices int32 [T]) as extract_features stores them. Causal attention: padding after a
-    sequence never reaches its positions."""
-    width = max(len(ids) for ids, _ in batch)
-    ids = torch.tensor([ids + [0] * (width - len(ids)) for ids, _ in batch], device=model.device)  # [B, W]
-    mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in batch], device=model.device)
-    out = model.model(ids, attention_mask=mask, output_hidden_states=bool(layers))
+    """One pass of the target's backend over `batch` (each sequence its own rows and cache) -> each
+    sequence's (features bf16 [T, F], choices int32 [T]) as extract_features stores them."""
+    passes = [SeqPass(backend.new_cache(), ids, logits="all", hidden=True, taps=layers) for ids, _ in batch]
     result = []
-    for row, (tokens, start) in enumerate(batch):
-        n = len(tokens)
-        states = out.last_hidden_state[row, :n]  # [T, H], after the final norm
-        # hidden_states[i] is the input of layer i (0: the embeddings): where EAGLE-3 reads.
-        kept = torch.cat([out.hidden_states[i][row, :n] for i in layers], dim=-1) if layers else states  # [T, F]
-        # EAGLE-3 heads learn on responses only: their prompts' choices (-1) cost no LM head.
+    for (tokens, start), out in zip(batch, backend.forward(passes)):
+        # EAGLE-3 heads learn on responses only: their prompts' choices are -1.
         first = max(start - 2, 0) if layers else 0
-        picked = torch.full((n,), -1, dtype=torch.int32)
-        picked[first:] = model.get_output_embeddings()(states[first:]).argmax(-1).to(torch.int32).cpu()
-        result.append((kept.to(torch.bfloat16).cpu(), picked))  # [T, F], [T]
+        picked = torch.full((len(tokens),), -1, dtype=torch.int32)
+        picked[first:] = out.logits[first:].argmax(-1).to(torch.int32).cpu()
+        # hidden: the last hidden state after the final norm [T, H], or with layers the inputs of
+        # those layers side by side [T, len(layers) H] (EAGLE-3's features).
+        result.append((out.hidden.to(torch.bfloat16).cpu(), picked))  # [T, F], [T]
     return result
 
 
