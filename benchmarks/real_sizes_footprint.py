@@ -10,7 +10,11 @@ vocabulary, made here and never shipped.
   then a later load that finds them kept) and the native backend at int4 (which takes the file's
   blocks as they are).
 - safetensors, bf16: transformers (`from_pretrained(dtype=bfloat16)` + `generate`) against the
-  native backend at bf16 and int4.
+  native backend at bf16 and int4, and the hf backend (transformers' model in the checkpoint's bf16).
+
+Beside each quickdraft run: what `quickdraft plan` predicts for it (the same backend and precision,
+one sequence of the run's tokens; llama.cpp's pool of cells as allocated), over the model's share
+of the measured peak.
 
 Every run decodes `--tokens` tokens after a 4-token prompt. "seconds" are the whole process
 (imports, load, the tokens); "load s" the load alone (`Llama(...)`, `from_pretrained`,
@@ -37,7 +41,9 @@ from transformers import LlamaConfig
 from quickdraft.backends.llama_cpp import DEFAULT_CELLS
 from quickdraft.bench.footprint import (IMPORTS, LLAMA_CPP_PYTHON, QUICKDRAFT, TRANSFORMERS, Footprint, footprint,
                                        python)
-from quickdraft.memory import backend_weight_bytes, human, shape_from_config
+from quickdraft.backends.kinds import SPECS
+from quickdraft.cli import planned_choice
+from quickdraft.memory import backend_weight_bytes, human, plan_memory, read_shape, shape_from_config
 from quickdraft.models import default_gguf_path
 from quickdraft.models.random_checkpoint import random_checkpoint
 from quickdraft.models.random_gguf import random_gguf
@@ -59,6 +65,16 @@ def bf16_folder(work: Path, name: str) -> Path:
     if not (folder / "model.safetensors.index.json").is_file():
         random_checkpoint(config_of(name), folder, progress=True)
     return folder
+
+
+def planned_bytes(file: Path, backend: str, precision: str, tokens: int) -> int:
+    """What `quickdraft plan --target FILE --backend B [--precision P]` says the run needs: its
+    choice of backend and precision, and their memory for one sequence of `tokens` tokens (a
+    shared pool: its cells, allocated up front)."""
+    shape = read_shape(file)
+    choice = planned_choice(shape, backend, None if precision == "-" else precision, "cpu")
+    context = None if SPECS[choice.kind].shared_kv else tokens
+    return plan_memory(shape, backend=choice.kind, precision=choice.precision, context=context).total
 
 
 def written(folder: Path) -> int:
@@ -85,8 +101,8 @@ def main() -> None:
           f"tokens after a 4-token prompt · quickdraft's imports alone: {human(imports.peak_rss)} peak RSS, "
           f"{imports.seconds:.1f} s")
     print("| shape | file | run | peak RSS | peak RSS / reference | seconds | load s | load / reference | "
-          "disk written |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "disk written | quickdraft plan | plan / peak |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.shapes:
         gguf = args.work / f"{name}-Q4_0-direct.gguf"
         if not gguf.is_file():
@@ -106,6 +122,7 @@ def main() -> None:
             ("quickdraft native int4", gguf, python(QUICKDRAFT, gguf, "native", "int4", args.tokens), int4_budget),
             ("transformers bf16", folder, python(TRANSFORMERS, folder, args.tokens), checkpoint),
             ("quickdraft native bf16", folder, python(QUICKDRAFT, folder, "native", "bf16", args.tokens), checkpoint),
+            ("quickdraft hf", folder, python(QUICKDRAFT, folder, "hf", "-", args.tokens), checkpoint),
             ("quickdraft native int4 from bf16", folder, python(QUICKDRAFT, folder, "native", "int4", args.tokens),
              int4_budget),
         ]
@@ -144,9 +161,11 @@ def main() -> None:
             load = "" if loads[label] is None else f"{loads[label]:.1f}"
             load_ratio = (f"{loads[label] / loads[reference]:.2f}x {reference}" if isinstance(reference, str)
                           and loads.get(reference) and loads[label] is not None else "")
+            plan = planned_bytes(file, *command[4:6], 4 + args.tokens) if label.startswith("quickdraft") else None
+            planned = f"{human(plan)} | {plan / model:.2f}x" if plan else " | "
             print(f"| {name} | {file.name} ({human(file.stat().st_size if file.is_file() else written(file))}) | "
                   f"{label} | {human(peaks[label])} | {ratio} | {seconds:.1f} | {load} | {load_ratio} | "
-                  f"{human(disks[label])} |", flush=True)
+                  f"{human(disks[label])} | {planned} |", flush=True)
     print("quickdraft's ratios are of its peak less its imports' peak (the model's share); peers' of their whole peak.")
 
 

@@ -7,7 +7,8 @@ follow how the backends lay memory out:
 
 - each backend's weights, read from the model's file tensor by tensor: native/static weights
   cast, fused (q/k/v, gate/up) or quantized once, oneDNN's packed copies of fp32 linears where
-  the CPU has it; llama.cpp's GGUF tensors (memory-mapped); the hf backend's transformers model
+  the CPU has it; llama.cpp's GGUF tensors (memory-mapped) and the copies its CPU kernels repack
+  (Q4_0, Q4_K, IQ4_NL matrices on AVX2); the hf backend's transformers model
   in its precision (the checkpoint's own by default). A transformers model passed in memory is counted beside them (the backend shares what
   it can of it);
 - KV cache per token: native fp32 keys and values (plus a ones column in values below fp32),
@@ -50,6 +51,7 @@ class ModelShape:
     gguf: Path | None = None  # the GGUF file the shape was read from
     config: object = field(default=None, compare=False, repr=False)  # the transformers config, where read
     stored: str = "fp32"  # the precision its weights are stored in (a GGUF file's read as fp32)
+    repacked_bytes: int = 0  # what llama.cpp's CPU back end copies beside the mapped file (llama_cpp.repacked_bytes)
 
     @property
     def layer_linear_params(self) -> int:
@@ -82,6 +84,7 @@ def shape_from_gguf(path: Path) -> ModelShape:
     """The header of a GGUF file (its metadata and tensor table; the weights stay on disk)."""
     from gguf import GGUFReader
 
+    from quickdraft.backends.llama_cpp import repacked_bytes
     from quickdraft.models.gguf_convert import gguf_config
 
     reader = GGUFReader(path)
@@ -103,7 +106,8 @@ def shape_from_gguf(path: Path) -> ModelShape:
                       heads, field_value(f"{arch}.attention.head_count_kv", heads),
                       field_value(f"{arch}.attention.key_length", hidden // heads), vocab,
                       field_value(f"{arch}.context_length"), "output.weight" not in names,
-                      sum(int(t.n_bytes) for t in reader.tensors), path, gguf_config(path)[0])
+                      sum(int(t.n_bytes) for t in reader.tensors), path, gguf_config(path)[0],
+                      repacked_bytes=repacked_bytes(reader.tensors))
 
 
 def read_shape(source: str | os.PathLike | None) -> ModelShape:
@@ -153,8 +157,8 @@ def backend_weight_bytes(shape: ModelShape, backend: str, precision: str, device
     packed: oneDNN keeps a packed copy of each fp32 linear weight (None: where this torch has it)."""
     packed = torch.backends.mkldnn.is_available() if packed is None else packed
     spec = SPECS[backend]
-    if spec.weights == "file":
-        return shape.file_bytes or 0
+    if spec.weights == "file":  # mapped, and the types its CPU kernels want repacked copied beside it
+        return (shape.file_bytes or 0) + (shape.repacked_bytes if device == "cpu" else 0)
     if spec.weights == "transformers":
         return shape.params * ACTIVATION_BYTES[precision]  # the transformers model it builds
     act = ACTIVATION_BYTES[precision]
@@ -367,12 +371,13 @@ def loaded_memory(decoder, max_batch: int = 1, context: int | None = None) -> Me
 
 
 def _backend_bytes(backend: object) -> int:
-    """Bytes of a backend's weights: its GGUF file (llama.cpp maps it), or the tensors it holds."""
+    """Bytes of a backend's weights: its GGUF file (llama.cpp maps it) and the copies beside it that
+    llama.cpp's log named at load, or the tensors it holds."""
     gguf = getattr(backend, "gguf", None)
     if gguf is not None:
         from gguf import GGUFReader
 
-        return sum(int(t.n_bytes) for t in GGUFReader(gguf).tensors)
+        return sum(int(t.n_bytes) for t in GGUFReader(gguf).tensors) + getattr(backend, "extra_weight_bytes", 0)
     return tensor_bytes(_weights(backend))
 
 

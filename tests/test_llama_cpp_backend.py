@@ -340,3 +340,33 @@ def test_each_files_exact_decode_size_is_measured_and_keeps_rows_exact(backend, 
                 together = model.forward([SeqPass(cache, new[:n])])[0].logits
                 assert torch.equal(together, one_by_one[:n]), (model.name, exact, context, n)
             cache.truncate(0)
+
+
+def test_the_copies_llama_cpp_repacks_beside_the_file_are_counted_as_it_logs_them(random_ggufs):
+    # quickdraft plan predicts the repacked copies from the tensor table (llama_cpp.repacked_bytes);
+    # the loaded backend reads their size from llama.cpp's log. The two agree for every file type.
+    from gguf import GGUFReader
+
+    from quickdraft.backends.llama_cpp import repacked_bytes
+    from quickdraft.memory import read_shape
+
+    counted = {}
+    for (arch, kind), path in random_ggufs.items():
+        backend = LlamaCppBackend(path, "r")
+        predicted = repacked_bytes(GGUFReader(path).tensors)
+        assert read_shape(path).repacked_bytes == predicted
+        assert abs(backend.extra_weight_bytes - predicted) <= 0.02 * predicted + (64 << 10), (arch, kind)
+        counted[arch, kind] = predicted
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        assert counted["llama", "Q4_0"] > 0  # this CPU repacks: the comparison above was not of zeros
+    assert counted["llama", "F32"] == 0
+
+
+def test_a_pool_of_fewer_cells_than_sequences_loads_and_decodes():
+    # llama.cpp aborts the process where n_seq_max exceeds the batch; the backend holds no more
+    # sequences than cells.
+    backend = LlamaCppBackend(default_gguf_path(), "small", cells=64)
+    assert backend.max_sequences <= 64 and backend.cells >= 64  # llama.cpp may round its pool up
+    cache = backend.new_cache()
+    out = backend.forward([SeqPass(cache, [1, 2, 3, 4])])[0]
+    assert out.logits.shape == (4, backend.vocab_size)

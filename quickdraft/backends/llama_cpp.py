@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
+import re
 import sys
 import weakref
 from collections.abc import Callable
@@ -42,7 +43,7 @@ def llama_cpp_installed() -> bool:
 
 
 def require_llama_cpp() -> object:
-    """llama-cpp-python's low-level API, with llama.cpp's log messages off (or a clear error)."""
+    """llama-cpp-python's low-level API, with llama.cpp's log messages off, read by _LOG (or a clear error)."""
     if not llama_cpp_installed():
         raise QuickdraftError("backend 'llama.cpp' needs llama-cpp-python (./setup.sh installs it; or "
                               "pip install llama-cpp-python==0.3.36)")
@@ -52,17 +53,58 @@ def require_llama_cpp() -> object:
     return llama_cpp
 
 
+class LogTap:
+    """What llama.cpp's log said about the weight buffers of the model loaded last: the buffers
+    beside the mapped file (its CPU back end repacks some types into a copy for its kernels, e.g.
+    Q4_0 on AVX2: "CPU_REPACK model buffer size = 573.75 MiB"), by name, in bytes."""
+
+    BUFFER = re.compile(r"(\S+) model buffer size\s*=\s*([\d.]+) MiB")
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, int] = {}
+        self.callback: object = None  # the C callback that feeds it, kept alive with it
+
+    def read(self, text: str) -> None:
+        found = self.BUFFER.search(text)
+        if found and found.group(1) not in ("CPU_Mapped", "CPU"):  # the file itself, and small unmapped tensors
+            self.buffers[found.group(1)] = int(float(found.group(2)) * (1 << 20))
+
+
+# What llama.cpp's CPU back end repacks on an x86 CPU with AVX2 (ggml-cpu's repack.cpp, this build):
+# these types, in matrices whose rows come in whole groups of 8. Checked against the buffer sizes
+# llama.cpp logs at load by tests/test_llama_cpp_backend.py, so a build that repacks otherwise fails it.
+REPACKED_TYPES = ("Q4_0", "Q4_K", "IQ4_NL")
+REPACK_ROWS = 8
+
+
+def repacked_bytes(tensors: list, capability: str | None = None) -> int:
+    """Bytes llama.cpp's CPU back end copies beside the mapped file for its kernels, from a GGUF
+    tensor table (gguf's ReaderTensors): the matrices of REPACKED_TYPES it multiplies (not the
+    token embedding, which it only looks up, unless the file ties the output head to it) on a
+    CPU with AVX2 (capability: torch's name for this CPU's vector unit; elsewhere none counted)."""
+    capability = capability or torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        return 0
+    tied = not any(t.name == "output.weight" for t in tensors)
+    return sum(int(t.n_bytes) for t in tensors
+               if t.tensor_type.name in REPACKED_TYPES and len(t.shape) == 2 and int(t.shape[1]) % REPACK_ROWS == 0
+               and (t.name != "token_embd.weight" or tied))
+
+
 @functools.cache
-def _silence(lib) -> object:
-    """Drop llama.cpp's log messages, once per process: llama.cpp keeps the callback in a global,
-    so it must outlive every backend (cached here, never freed)."""
+def _silence(lib) -> LogTap:
+    """Drop llama.cpp's log messages, once per process, reading what they say of weight buffers
+    (LogTap): llama.cpp keeps the callback in a global, so it must outlive every backend (cached
+    here with its tap, never freed)."""
+    tap = LogTap()
 
     @lib.llama_log_callback
     def quiet(level, text, user_data):  # noqa: ARG001 - the C signature
-        return None
+        tap.read(text.decode(errors="replace") if text else "")
 
     lib.llama_log_set(quiet, ctypes.c_void_p())
-    return quiet
+    tap.callback = quiet  # kept alive with the tap
+    return tap
 
 
 @dataclass
@@ -189,15 +231,20 @@ class LlamaCppBackend:
             raise QuickdraftError(f"GGUF file not found: {path}")
         model_params = lib.llama_model_default_params()
         model_params.load_mode = lib.LLAMA_LOAD_MODE_MMAP  # as llama-cpp-python asks: "auto" read 8B files 1.2-2x slower
+        tap = _silence(lib)
+        tap.buffers = {}
         model = lib.llama_model_load_from_file(str(path).encode(), model_params)
         if not model:
             raise QuickdraftError(f"llama.cpp could not load {path}")
+        self.extra_weight_bytes = sum(tap.buffers.values())  # copies beside the mapped file (repacked types)
         self.name, self.tokenizer, self.eos_ids, self.gguf = name, tokenizer, eos_ids, path
         self.threads = threads or torch.get_num_threads()
         trained = int(lib.llama_model_n_ctx_train(model))
         self.max_sequences = min(max_sequences, int(lib.llama_max_parallel_sequences()))
         params = lib.llama_context_default_params()
         params.n_ctx = cells or min(trained, DEFAULT_CELLS)
+        # No more sequences than cells (each holds one at least): llama.cpp aborts on a pool smaller than n_seq_max.
+        self.max_sequences = min(self.max_sequences, int(params.n_ctx))
         params.n_batch = params.n_ctx  # a whole prompt in one decode (llama.cpp splits it into ubatches)
         params.n_ubatch = 512
         params.n_seq_max = self.max_sequences
