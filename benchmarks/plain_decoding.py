@@ -94,8 +94,8 @@ def main() -> None:
     print(f"{date.today()} · {platform.processor() or platform.machine()} · {threads} threads · {args.tokens} greedy "
           f"tokens, bf16 · medians of {args.rounds} rounds")
     print("| shape | checkpoint | prompt tokens | transformers generate tok/s | quickdraft native bf16 tok/s | "
-          "quickdraft / transformers | same tokens |")
-    print("|---|---|---|---|---|---|---|")
+          "quickdraft / transformers | same tokens | each round (transformers / quickdraft) |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in args.shapes:
         folder = bf16_folder(args.work, name)
         runs = [(label, program, prompt) for prompt in args.prompts
@@ -112,8 +112,10 @@ def main() -> None:
             ours = statistics.median(speeds["quickdraft", prompt])
             theirs = statistics.median(speeds["transformers", prompt])
             same = "yes" if made["quickdraft", prompt] == made["transformers", prompt] else "no"
+            rounds = ", ".join(f"{a:.2f} / {b:.2f}" for a, b in zip(speeds["transformers", prompt],
+                                                                 speeds["quickdraft", prompt]))
             print(f"| {name} | {folder.name} ({human(written(folder))}) | {prompt} | {theirs:.2f} | {ours:.2f} | "
-                  f"{ours / theirs:.2f}x | {same} |", flush=True)
+                  f"{ours / theirs:.2f}x | {same} | {rounds} |", flush=True)
 
 
 if __name__ == "__main__":
