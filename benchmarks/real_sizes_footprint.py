@@ -147,7 +147,7 @@ def main() -> None:
         peaks = {label: max(r.peak_rss for r in results) for label, results in measured.items() if results}
         loads = {label: statistics.median(r.load_seconds for r in results) if results[0].load_seconds is not None
                  else None for label, results in measured.items() if results}
-        for label, file, _, reference in runs:
+        for label, file, command, reference in runs:
             if label not in peaks:
                 continue
             seconds = statistics.median(r.seconds for r in measured[label])
