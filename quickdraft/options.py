@@ -159,8 +159,8 @@ OPTIONS: tuple[Option, ...] = (
            "(fixed-shape passes, CUDA graphs on a GPU)", kind=str, default="auto",
            choices=BACKENDS, model=True),
     Option("precision", "fp32, bf16, int8 (per-channel weights) or int4 (groups of 32; a GGUF's own 4-bit "
-           "blocks) on the native backend; gguf: the GGUF file's own types (the llama.cpp backend); default "
-           "fp32 on a CPU, bf16 on a GPU", kind=str, choices=all_precisions(),
+           "blocks) on the native backend; fp16 on the hf backend only; gguf: the GGUF file's own types (the "
+           "llama.cpp backend); default fp32 on a CPU, bf16 on a GPU (hf: the checkpoint's own dtype)", kind=str, choices=all_precisions(),
            model=True),
     Option("device", "auto (a CUDA GPU when present, else the CPU), cpu or cuda (cuda:N)", kind=str,
            default="auto", model=True, validate=lambda value: check_device(value)),

@@ -78,9 +78,10 @@ def test_the_hf_backend_builds_the_checkpoint_in_its_own_dtype_and_another_only_
 
     from quickdraft.memory import plan_memory, read_shape
 
+    import copy
+
     folder = tmp_path / "tiny-bf16"
-    tiny_target.to(torch.bfloat16).save_pretrained(folder)  # a copy on disk in bf16
-    tiny_target.to(torch.float32)
+    copy.deepcopy(tiny_target).to(torch.bfloat16).save_pretrained(folder)  # on disk in bf16 (the fixture untouched)
     target = load_model(str(folder))
     assert target.stored_precision == "bf16" and not target.built  # nothing built by loading
     assert read_shape(folder).stored == "bf16"  # `quickdraft plan` reads it from the headers alone

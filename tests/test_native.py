@@ -127,9 +127,10 @@ def test_bf16_logits_stay_close_to_fp32(tiny_target):
     assert len(out.token_ids) == 20
 
 
-def test_bf16_needs_the_native_backend(tiny_target):
-    with pytest.raises(QuickdraftError, match="native backend"):
-        Decoder(loaded(tiny_target, "t"), None, "none", backend="hf", precision="bf16")
+def test_bf16_on_the_hf_backend_is_transformers_model_in_bf16(tiny_target):
+    target = loaded(tiny_target, "t")
+    assert Decoder(target, None, "none", backend="hf", precision="bf16").target_backend.model.dtype == torch.bfloat16
+    assert tiny_target.dtype == torch.float32  # a copy: the model passed in is left as it is
     with pytest.raises(QuickdraftError, match="unknown precision"):
         Decoder(loaded(tiny_target, "t"), None, "none", precision="fp8")
 

@@ -97,9 +97,9 @@ def train(kind: str, target: str | None, data: list[Path], output: Path, *, head
     """Train a `kind` head for `target` (None: the embedded default) on `data` files; returns its
     config. eagle: 3 (fused features, training-time test) or 1 (last hidden state) for EAGLE heads.
     distill_batch: prompts answered at once (default: 64 on a CPU, 256 on a GPU, where a small
-    target's decode step costs about the same for many rows as for few). feature_batch: padded
-    tokens of one feature-extraction pass (default: one example a pass on a CPU, where batches
-    measured slower, padding and all; 16,384 on a GPU, where one example a pass is launch-bound).
+    target's decode step costs about the same for many rows as for few). feature_batch: tokens
+    of one feature-extraction pass, several examples' rows side by side (default: one example a
+    pass on a CPU; 16,384 on a GPU, where one example a pass is launch-bound).
     target_precision: what the target computes at for distillation and features (None: the
     checkpoint's own where the native backend has it; see feature_decoder)."""
     if kind not in KINDS:

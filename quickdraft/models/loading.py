@@ -2,8 +2,8 @@
 
 A loaded model is its config, its tokenizer and a weight source (models/weights.py): backends read
 the weights from the file tensor by tensor, and llama.cpp opens a GGUF file itself. The
-transformers model is built only when something asks for it (the hf backend, head training,
-transformers peers). A GGUF file's tokenizer is built once from its metadata and cached (seconds
+transformers model is built only when something asks for it (the hf backend, in the checkpoint's
+own dtype; the transformers peers), once per dtype. A GGUF file's tokenizer is built once from its metadata and cached (seconds
 for Gemma 3's 262,144 tokens). Every failure becomes a one-line QuickdraftError.
 """
 
@@ -75,7 +75,7 @@ class LoadedModel:
 
     def transformers_model(self, dtype: torch.dtype | None = None) -> PreTrainedModel:
         """The transformers model in `dtype` (None: the checkpoint's own), built from the source on
-        first use and kept: only the hf backend, head training and transformers peers ask for one."""
+        first use and kept: only the hf backend and the transformers peers ask for one."""
         dtype = dtype or get_precision(self.stored_precision).dtype
         if dtype not in self.built:
             if self.build is None:
@@ -85,7 +85,7 @@ class LoadedModel:
 
     @property
     def model(self) -> PreTrainedModel:
-        """The transformers model in fp32 (head training and the transformers peers read it so)."""
+        """The transformers model in fp32 (the transformers peers of `quickdraft bench` run it so)."""
         return self.transformers_model(torch.float32)
 
     def tensor(self, name: str) -> torch.Tensor:
