@@ -8,9 +8,9 @@ follow how the backends lay memory out:
 - each backend's weights, read from the model's file tensor by tensor: native/static weights
   cast, fused (q/k/v, gate/up) or quantized once, oneDNN's packed copies of fp32 linears where
   the CPU has it; llama.cpp's GGUF tensors (memory-mapped) and the copies its CPU kernels repack
-  (Q4_0, Q4_K, IQ4_NL matrices on AVX2); the hf backend's transformers model
-  in its precision (the checkpoint's own by default). A transformers model passed in memory is counted beside them (the backend shares what
-  it can of it);
+  (Q4_0, Q4_K, IQ4_NL matrices on AVX2); the hf backend's transformers model in its precision
+  (the checkpoint's own by default). A transformers model passed in memory is counted beside
+  them (the backend shares what it can of it);
 - KV cache per token: native fp32 keys and values (plus a ones column in values below fp32),
   static and transformers in the activations' dtype, llama.cpp f16; the
   native backend's cache grows by doubling up to the context, static reserves the context

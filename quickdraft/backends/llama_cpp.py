@@ -43,7 +43,8 @@ def llama_cpp_installed() -> bool:
 
 
 def require_llama_cpp() -> object:
-    """llama-cpp-python's low-level API, with llama.cpp's log messages off, read by _LOG (or a clear error)."""
+    """llama-cpp-python's low-level API, with llama.cpp's log messages off and read by a LogTap
+    (or a clear error)."""
     if not llama_cpp_installed():
         raise QuickdraftError("backend 'llama.cpp' needs llama-cpp-python (./setup.sh installs it; or "
                               "pip install llama-cpp-python==0.3.36)")
