@@ -214,7 +214,9 @@ def test_greedy_speculation_over_widened_prompts_equals_plain_greedy(tiny_target
         return generation.new_tokens, generation.stats.accepted_tokens
 
     accepted = 0
-    for prompt in PROMPTS + SPARE_PROMPTS[:10]:
+    for number, prompt in enumerate(PROMPTS + SPARE_PROMPTS):
+        if number >= len(PROMPTS) and accepted > 0:
+            break  # as above: spares only until a draft was accepted, whatever this machine's bf16 rounding
         plain, _ = run(0, prompt)
         for k in (1, 4):
             tokens, taken = run(k, prompt)

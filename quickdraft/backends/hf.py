@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from quickdraft.models.precision import precision_of
 from quickdraft.backends.base import PassOutput, SeqPass, check_passes, logit_rows, tapped_layers
+from quickdraft.models.precision import precision_of
 
 PadPlan = dict[int, int]  # tokens in a pass -> tokens actually run (padding after them; measured faster)
 
