@@ -10,12 +10,17 @@ arithmetic over the measured costs (the 135M model's one-token pass on the same 
 the same run). A prediction, not a measured run.
 
     .venv/bin/python benchmarks/real_sizes.py [--shapes 1b 3b] [--types Q4_0 Q8_0 Q4_K_M] [--work DIR]
-        [--backend llama.cpp | native:int4 | native:bf16] [--steps bench-out/prompt_lookup_steps.json]
+        [--backend llama.cpp | native:int4 | native:int8 | native:bf16] [--steps bench-out/prompt_lookup_steps.json]
+        [--threads 1 2 [--extrapolate 16]]
 
 A type "Q4_0-direct" is random 4-bit blocks written straight into the file (seconds, no F16 file
 first: what real_sizes_footprint.py uses); the others are quantized from a random F16 file.
---backend native:int4 or native:bf16 measures the native backend on the same files (no exact-rows
-columns: its rows are exact at every size). --steps adds prompt lookup's predicted speedup: the
+--backend native:int4, native:int8 or native:bf16 measures the native backend on the same files (no
+exact-rows columns: its rows are exact at every size; int8 and bf16 de-quantize the file's blocks
+and round them to the precision). --threads 1 2 times every pass at each thread count, interleaved
+in one run, and adds a row for --extrapolate threads: each pass's cost fitted as serial + parallel
+/ threads (quickdraft.analysis.cost_at_threads, Amdahl's law) and read at that count. The fit keeps
+this machine's memory and cores: a prediction on paper, not a measurement. --steps adds prompt lookup's predicted speedup: the
 steps of a measured run on the real default target (benchmarks/prediction_check.py) replayed at
 each file's pass costs. Nothing here is a test; compare only numbers from one run.
 """
@@ -31,7 +36,9 @@ import time
 from datetime import date
 from pathlib import Path
 
-from quickdraft.analysis import best_k, pass_cost, predicted_speedup, speedup_from_steps
+import torch
+
+from quickdraft.analysis import best_k, cost_at_threads, pass_cost, predicted_speedup, speedup_from_steps
 from quickdraft.backends.llama_cpp import ROW_INVARIANT_ROWS, LlamaCppBackend
 from quickdraft.backends.select import make_backend
 from quickdraft.models import default_gguf_path
@@ -58,6 +65,14 @@ def predictions(costs: dict[int, float], draft_ms: float) -> str:
     return " / ".join(f"{predicted_speedup(a, best[a], ratio, verify(best[a])):.2f}x (K={best[a]})" for a in ALPHAS)
 
 
+def use_threads(backend, threads: int) -> None:
+    """Later passes of `backend` on `threads` CPU threads (llama.cpp's own, else torch's)."""
+    if isinstance(backend, LlamaCppBackend):
+        backend.set_threads(threads)
+    else:
+        torch.set_num_threads(threads)
+
+
 def open_backend(path: Path, name: str, choice: str, work: Path):
     """The backend `choice` names over a GGUF file: llama.cpp's, or native at the given precision
     with the kernels `quickdraft generate` would time and choose (kept under `work`)."""
@@ -76,8 +91,13 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/quickdraft-real-sizes"),
                         help="where the random files are made (kept for a rerun)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--backend", default="llama.cpp", choices=["llama.cpp", "native:int4", "native:bf16"],
-                        help="the backend measured (native: the file's blocks as int4, or de-quantized to bf16)")
+    parser.add_argument("--backend", default="llama.cpp",
+                        choices=["llama.cpp", "native:int4", "native:int8", "native:bf16"],
+                        help="the backend measured (native: the file's blocks as int4, or de-quantized and "
+                             "rounded to int8 or bf16)")
+    parser.add_argument("--threads", nargs="+", type=int, default=[2], help="thread counts, timed interleaved")
+    parser.add_argument("--extrapolate", type=int, default=16,
+                        help="with two thread counts or more: the count the fitted costs are read at")
     parser.add_argument("--steps", type=Path, default=None,
                         help="prompt-lookup steps kept by prediction_check.py --steps-out, replayed at each "
                              "file's pass costs")
@@ -85,18 +105,30 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     replayed = [tuple(step) for step in json.loads(args.steps.read_text())["steps"]] if args.steps else []
     backend_label = args.backend.replace(":", " ")
-    print(f"{date.today()} · {platform.processor() or platform.machine()} · {backend_label} backend, 2 threads · "
-          f"{CACHED} cached tokens, median of {args.rounds} interleaved rounds")
+    threads = sorted(set(args.threads))
+    fitted = [args.extrapolate] if len(threads) > 1 else []
+    print(f"{date.today()} · {platform.processor() or platform.machine()} · {backend_label} backend, "
+          f"{' and '.join(map(str, threads))} threads · {CACHED} cached tokens, median of {args.rounds} "
+          f"interleaved rounds" + (f" · {args.extrapolate} threads extrapolated (Amdahl fit)" if fitted else ""))
+    torch.set_num_threads(max(threads))  # the native kernels are timed and chosen at the most threads
     draft = open_backend(default_gguf_path(), "SmolLM2-135M", args.backend, args.work)
     pass_ms(draft, 1, CACHED)  # warm-up
-    draft_ms = statistics.median(pass_ms(draft, 1, CACHED) for _ in range(9))
+    draft_times: dict[int, list[float]] = {t: [] for t in threads}
+    for _ in range(9):
+        for t in threads:
+            use_threads(draft, t)
+            draft_times[t].append(pass_ms(draft, 1, CACHED))
+    draft_ms = {t: statistics.median(value) for t, value in draft_times.items()}
+    for t in fitted:
+        draft_ms[t] = cost_at_threads({n: draft_ms[n] for n in threads}, t)
     del draft
-    print(f"draft model: the default target's one-token pass on the same backend, {draft_ms:.1f} ms"
+    print("draft model: the default target's one-token pass on the same backend, "
+          + ", ".join(f"{draft_ms[t]:.1f} ms at {t} threads" for t in threads + fitted)
           + (f"; prompt lookup: {len(replayed)} steps of {args.steps}" if replayed else ""))
-    print("| shape | type | backend | file GB | load s | exact rows | ms, 1 row | n rows / 1 row, exact (n = 2/4/8/16) | "
-          "one decode | bound, exact | bound, one decode | predicted, 135M draft, a = 0.5 / 0.6 / 0.7 / 0.8 | "
-          "predicted, prompt lookup (steps replayed) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| shape | type | backend | threads | file GB | load s | exact rows | ms, 1 row | "
+          "n rows / 1 row, exact (n = 2/4/8/16) | one decode | bound, exact | bound, one decode | "
+          "predicted, 135M draft, a = 0.5 / 0.6 / 0.7 / 0.8 | predicted, prompt lookup (steps replayed) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.shapes:
         base = args.work / f"{name}-F16.gguf"
         for kind in args.types:
@@ -108,31 +140,41 @@ def main() -> None:
             if not path.is_file():
                 print(f"quantizing {base.name} to {kind}", file=sys.stderr)
                 quantize_gguf(base, path, kind)
+            torch.set_num_threads(max(threads))
             start = time.perf_counter()
             backend = open_backend(path, f"{name}-{kind}", args.backend, args.work)
             load = time.perf_counter() - start
             exact = backend.measure_exact_rows() if args.backend == "llama.cpp" else None
             steps = (exact, ROW_INVARIANT_ROWS) if exact is not None else (None,)
-            times: dict[tuple[int, int | None], list[float]] = {(n, s): [] for n in ROWS for s in steps}
+            times: dict[tuple[int, int, int | None], list[float]] = {
+                (t, n, s): [] for t in threads for n in ROWS for s in steps}
             pass_ms(backend, 1, CACHED)  # warm-up
             for _ in range(args.rounds):
                 for n in ROWS:
-                    for step in steps:
-                        if step is not None:
-                            backend.exact_rows = step
-                        times[n, step].append(pass_ms(backend, n, CACHED))
+                    for t in threads:
+                        use_threads(backend, t)
+                        for step in steps:
+                            if step is not None:
+                                backend.exact_rows = step
+                            times[t, n, step].append(pass_ms(backend, n, CACHED))
             cost = {key: statistics.median(value) for key, value in times.items()}
-            one = cost[1, exact]
-            ratios = {s: " / ".join(f"{cost[n, s] / one:.2f}" for n in ROWS[1:]) for s in steps}
-            bounds = {s: f"{max(n * one / cost[n, s] for n in ROWS):.2f}x" for s in steps}
-            costs = {n: cost[n, exact] for n in ROWS}
-            lookup = f"{speedup_from_steps(replayed, costs):.2f}x" if replayed else ""
-            print(f"| {name} | {kind} | {backend_label} | {path.stat().st_size / 1e9:.2f} | {load:.1f} | "
-                  f"{exact or ''} | {one:.0f} | {ratios[exact]} | {ratios.get(ROW_INVARIANT_ROWS, '')} | "
-                  f"{bounds[exact]} | {bounds.get(ROW_INVARIANT_ROWS, '')} | {predictions(costs, draft_ms)} | "
-                  f"{lookup} |", flush=True)
+            for t in fitted:
+                cost.update({(t, n, s): cost_at_threads({u: cost[u, n, s] for u in threads}, t)
+                             for n in ROWS for s in steps})
+            for t in threads + fitted:
+                one = cost[t, 1, exact]
+                ratios = {s: " / ".join(f"{cost[t, n, s] / one:.2f}" for n in ROWS[1:]) for s in steps}
+                bounds = {s: f"{max(n * one / cost[t, n, s] for n in ROWS):.2f}x" for s in steps}
+                costs = {n: cost[t, n, exact] for n in ROWS}
+                lookup = f"{speedup_from_steps(replayed, costs):.2f}x" if replayed else ""
+                label = f"{t} (fit)" if t in fitted else str(t)
+                print(f"| {name} | {kind} | {backend_label} | {label} | {path.stat().st_size / 1e9:.2f} | "
+                      f"{load:.1f} | {exact or ''} | {one:.0f} | {ratios[exact]} | "
+                      f"{ratios.get(ROW_INVARIANT_ROWS, '')} | {bounds[exact]} | "
+                      f"{bounds.get(ROW_INVARIANT_ROWS, '')} | {predictions(costs, draft_ms[t])} | {lookup} |",
+                      flush=True)
             del backend
-
+            torch.set_num_threads(max(threads))
 
 if __name__ == "__main__":
     main()

@@ -112,3 +112,20 @@ def tree_budget(pass_ms: dict[int, float] | None, tolerance: float = 1.1) -> int
         return DEFAULT_TREE_NODES
     cheap = max(n for n, ms in pass_ms.items() if ms <= tolerance * pass_ms[1])
     return min(MOST_TREE_NODES, max(DEFAULT_TREE_NODES, cheap - 1))
+
+
+def cost_at_threads(pass_ms_by_threads: dict[int, float], threads: int) -> float:
+    """A pass's milliseconds on `threads` threads, from its cost measured at two or more thread
+    counts: the least-squares fit of cost = serial + parallel / threads (Amdahl's law; the
+    serial part is what more cores do not shorten, as reading the weights from memory). The
+    serial part is at least 0 and at most the cheapest measured cost."""
+    if len(pass_ms_by_threads) < 2:
+        raise ValueError("a fit over threads needs costs at two thread counts at least")
+    xs = [1.0 / t for t in pass_ms_by_threads]  # cost is linear in 1 / threads
+    ys = list(pass_ms_by_threads.values())
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    parallel = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread
+    serial = min(max(mean_y - parallel * mean_x, 0.0), min(ys))
+    parallel = max(mean_y - serial, 0.0) / mean_x  # refit the slope with the serial part held
+    return serial + parallel / threads

@@ -6,6 +6,7 @@ from quickdraft.analysis import (
     DEFAULT_TREE_NODES,
     best_k,
     best_tree_size,
+    cost_at_threads,
     expected_tokens_per_pass,
     pass_cost,
     predicted_speedup,
@@ -112,3 +113,14 @@ def test_steps_replayed_at_other_pass_costs():
     # On i.i.d. steps it agrees with the closed form: K = 2, a = 0.5 gives 1, 2, 3 tokens with 1/2, 1/4, 1/4.
     steps = [(2, 1)] * 2 + [(2, 2)] + [(2, 3)]
     assert speedup_from_steps(steps, {1: 1.0, 3: 1.5}) == pytest.approx(predicted_speedup(0.5, 2, 0.0, 1.5))
+
+
+def test_pass_costs_extrapolate_over_threads_by_amdahls_law():
+    serial, parallel = 20.0, 80.0  # ms that more cores do not shorten, and ms that they divide
+    measured = {t: serial + parallel / t for t in (1, 2)}
+    assert cost_at_threads(measured, 16) == pytest.approx(serial + parallel / 16)
+    assert cost_at_threads({1: 100.0, 2: 100.0}, 16) == pytest.approx(100.0)  # memory-bound: no gain
+    # Costs that more than halve (noise) do not make the serial part negative: all of it divides.
+    assert cost_at_threads({1: 100.0, 2: 40.0}, 4) == pytest.approx(cost_at_threads({1: 100.0, 2: 40.0}, 2) / 2)
+    with pytest.raises(ValueError, match="two thread counts"):
+        cost_at_threads({2: 10.0}, 16)

@@ -370,3 +370,18 @@ def test_a_pool_of_fewer_cells_than_sequences_loads_and_decodes():
     cache = backend.new_cache()
     out = backend.forward([SeqPass(cache, [1, 2, 3, 4])])[0]
     assert out.logits.shape == (4, backend.vocab_size)
+
+
+def test_passes_run_on_fewer_threads_when_asked(backend):
+    generator = torch.Generator().manual_seed(11)
+    tokens, new = random_tokens(generator, 20), random_tokens(generator, 3)
+    before, threads = rows(backend, tokens, new), backend.threads
+    try:
+        backend.set_threads(1)
+        assert backend.threads == 1
+        torch.testing.assert_close(rows(backend, tokens, new), before, rtol=1e-4, atol=1e-3)
+        with pytest.raises(ValueError, match="threads must be >= 1"):
+            backend.set_threads(0)
+        assert backend.threads == 1
+    finally:
+        backend.set_threads(threads)

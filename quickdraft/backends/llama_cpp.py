@@ -280,6 +280,13 @@ class LlamaCppBackend:
         self._check_exact_rows = check_exact_rows or LlamaCppBackend.measure_exact_rows
         self._exact_rows: int | None = None  # checked when first needed
 
+    def set_threads(self, threads: int) -> None:
+        """Run later passes on `threads` CPU threads (benchmarks/real_sizes.py times 1 and 2 in one run)."""
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        self._lib.llama_set_n_threads(self._context, threads, threads)
+        self.threads = threads
+
     @property
     def exact_rows(self) -> int:
         """The most rows a later decode takes: checked (check_exact_rows) the first time a pass
