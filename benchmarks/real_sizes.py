@@ -20,9 +20,10 @@ exact-rows columns: its rows are exact at every size; int8 and bf16 de-quantize 
 and round them to the precision). --threads 1 2 times every pass at each thread count, interleaved
 in one run, and adds a row for --extrapolate threads: each pass's cost fitted as serial + parallel
 / threads (quickdraft.analysis.cost_at_threads, Amdahl's law) and read at that count. The fit keeps
-this machine's memory and cores: a prediction on paper, not a measurement. --steps adds prompt lookup's predicted speedup: the
-steps of a measured run on the real default target (benchmarks/prediction_check.py) replayed at
-each file's pass costs. Nothing here is a test; compare only numbers from one run.
+this machine's memory and cores: a prediction on paper, not a measurement. --steps adds prompt
+lookup's predicted speedup: the steps of a measured run on the real default target
+(benchmarks/prediction_check.py) replayed at each file's pass costs. Nothing here is a test;
+compare only numbers from one run.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def main() -> None:
         draft_ms[t] = cost_at_threads({n: draft_ms[n] for n in threads}, t)
     del draft
     print("draft model: the default target's one-token pass on the same backend, "
-          + ", ".join(f"{draft_ms[t]:.1f} ms at {t} threads" for t in threads + fitted)
+          + ", ".join(f"{draft_ms[t]:.1f} ms at {t} thread{'s' if t > 1 else ''}" for t in threads + fitted)
           + (f"; prompt lookup: {len(replayed)} steps of {args.steps}" if replayed else ""))
     print("| shape | type | backend | threads | file GB | load s | exact rows | ms, 1 row | "
           "n rows / 1 row, exact (n = 2/4/8/16) | one decode | bound, exact | bound, one decode | "
