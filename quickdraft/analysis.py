@@ -78,6 +78,12 @@ def pass_cost(pass_ms: dict[int, float], rows: int) -> float:
     return pass_ms[lower] + (pass_ms[upper] - pass_ms[lower]) * (rows - lower) / (upper - lower)
 
 
+def padded_costs(pass_ms: dict[int, float]) -> dict[int, float]:
+    """Each pass at the cost of the cheapest measured pass at least as large: a backend that pads a
+    pass to a cheaper shape (the native backend's row plan, measured at load) never pays more."""
+    return {rows: min(ms for n, ms in pass_ms.items() if n >= rows) for rows, ms in pass_ms.items()}
+
+
 def speedup_from_steps(steps: list[tuple[int, int]], pass_ms: dict[int, float], draft_ms: float = 0.0) -> float:
     """A measured run's steps replayed at other pass costs: plain time per token over speculative.
     steps: (drafted, tokens) per target pass; each costs a pass of drafted + 1 rows plus drafted

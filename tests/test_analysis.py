@@ -8,6 +8,7 @@ from quickdraft.analysis import (
     best_tree_size,
     cost_at_threads,
     expected_tokens_per_pass,
+    padded_costs,
     pass_cost,
     predicted_speedup,
     speedup_from_steps,
@@ -124,3 +125,10 @@ def test_pass_costs_extrapolate_over_threads_by_amdahls_law():
     assert cost_at_threads({1: 100.0, 2: 40.0}, 4) == pytest.approx(cost_at_threads({1: 100.0, 2: 40.0}, 2) / 2)
     with pytest.raises(ValueError, match="two thread counts"):
         cost_at_threads({2: 10.0}, 16)
+
+
+def test_a_pass_never_costs_more_than_a_larger_one_it_could_be_padded_to():
+    # A 1-row kernel that scales worse with threads than a 2-row one: the backend pads 1 row to 2.
+    assert padded_costs({1: 60.0, 2: 25.0, 4: 40.0, 8: 80.0}) == {1: 25.0, 2: 25.0, 4: 40.0, 8: 80.0}
+    rising = {1: 10.0, 2: 12.0, 4: 20.0}
+    assert padded_costs(rising) == rising  # costs that grow with rows are left as they are
