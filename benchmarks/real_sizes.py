@@ -45,6 +45,7 @@ from quickdraft.analysis import (best_k, cost_at_threads, padded_costs, pass_cos
                                  speedup_from_steps)
 from quickdraft.backends.llama_cpp import ROW_INVARIANT_ROWS, LlamaCppBackend
 from quickdraft.backends.select import make_backend
+from quickdraft.backends.shapes import DECODE_ROWS, VERIFY_ROWS
 from quickdraft.models import default_gguf_path
 from quickdraft.models.loading import load_model
 from quickdraft.models.random_gguf import GgufShape, quantize_gguf, random_gguf
@@ -77,14 +78,15 @@ def use_threads(backend, threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def open_backend(path: Path, name: str, choice: str, work: Path):
+def open_backend(path: Path, name: str, choice: str, work: Path, rows: tuple[int, ...] = VERIFY_ROWS):
     """The backend `choice` names over a GGUF file: llama.cpp's, or native at the given precision
-    with the kernels `quickdraft generate` would time and choose (kept under `work`)."""
+    with the kernels `quickdraft generate` would time and choose (kept under `work`) for passes of
+    `rows` rows (VERIFY_ROWS a target's, DECODE_ROWS a draft model's)."""
     if choice == "llama.cpp":
         return LlamaCppBackend(path, name, threads=2)
     precision = choice.partition(":")[2]
     return make_backend(load_model(path, cache_dir=work / "cache"), "native", precision, "cpu", measure=True,
-                        cache_dir=work / "cache")
+                        cache_dir=work / "cache", kernel_rows=rows)
 
 
 def main() -> None:
@@ -115,7 +117,7 @@ def main() -> None:
           f"{' and '.join(map(str, threads))} threads · {CACHED} cached tokens, median of {args.rounds} "
           f"interleaved rounds" + (f" · {args.extrapolate} threads extrapolated (Amdahl fit)" if fitted else ""))
     torch.set_num_threads(max(threads))  # the native kernels are timed and chosen at the most threads
-    draft = open_backend(default_gguf_path(), "SmolLM2-135M", args.backend, args.work)
+    draft = open_backend(default_gguf_path(), "SmolLM2-135M", args.backend, args.work, DECODE_ROWS)
     pass_ms(draft, 1, CACHED)  # warm-up
     draft_times: dict[int, list[float]] = {t: [] for t in threads}
     for _ in range(9):

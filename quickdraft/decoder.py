@@ -13,6 +13,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from quickdraft.backends.kinds import AUTO
+from quickdraft.backends.shapes import DECODE_ROWS, VERIFY_ROWS
 from quickdraft.backends.select import (
     auto_verdict,
     choose_backend,
@@ -101,8 +102,12 @@ class Decoder:
         def backend_for(loaded: LoadedModel, layers: list[int] | None = None):
             kind, precision = (self.backend_kind, self.precision) if loaded is target else \
                 draft_backend(self.backend_kind, self.precision, loaded, self.device)
+            # Where kernels are chosen by pass size (native bf16 on a CPU): a draft model's for the
+            # one-token passes it drafts with (its bits never reach the output); the target's for
+            # verify passes, whatever the method, so plain decoding has speculation's bits.
+            rows = VERIFY_ROWS if loaded is target else DECODE_ROWS
             return make_backend(loaded, kind, precision, str(self.device), layers, measure_shapes, cache_dir,
-                                config.context)
+                                config.context, rows)
 
         self.target_backend = backend_for(target)
         shapes = shapes_folder(cache_dir) if measure_shapes else None

@@ -223,3 +223,32 @@ def test_greedy_speculation_over_widened_prompts_equals_plain_greedy(tiny_target
             assert tokens == plain, (prompt, k)
             accepted += taken
     assert accepted > 0  # drafts were accepted: the equality was tested
+
+
+def test_a_draft_model_takes_the_bf16_kernel_of_one_token_passes_the_target_that_of_verify_passes(
+        tiny_target, tiny_draft, tmp_path):
+    """Where bf16 kernels cost differently by pass size (on a CPU with bf16 arithmetic, bf16 columns
+    cost as much for 1 row as for 16), the target keeps the kernel chosen for verify passes whatever
+    its method, so plain decoding has speculation's bits; a draft model, whose bits never reach the
+    output, takes the kernel chosen for the one-token passes it drafts with."""
+    from quickdraft.backends.shapes import (DECODE_ROWS, DENSE_QUESTION, FIRST_LAYER, VERIFY_ROWS, bf16_signature,
+                                            write_choice)
+    from quickdraft.models.linear import ColumnLinear, RowLinear
+
+    folder = tmp_path / "pass_shapes"  # this machine's choices, made to differ by pass size
+    matrices = [tiny_target.get_parameter(f"model.layers.0.{name}.weight") for name in FIRST_LAYER]
+    write_choice(folder, bf16_signature(DENSE_QUESTION, VERIFY_ROWS, matrices), "bf16")
+    write_choice(folder, bf16_signature(DENSE_QUESTION, DECODE_ROWS, matrices), "rows")
+    target, draft = loaded(tiny_target, "t"), loaded(tiny_draft, "d")
+    options = {"precision": "bf16", "backend": "native", "cache_dir": tmp_path}
+    plain = Decoder(target, None, "none", **options)
+    spec = Decoder(target, draft, "draft", 3, draft_length="fixed", **options)
+    assert isinstance(plain.target_backend.weights.layers[0].qkv, ColumnLinear)
+    assert spec.target_backend is plain.target_backend
+    assert isinstance(spec.drafter.backend.weights.layers[0].qkv, RowLinear)
+    accepted = 0
+    for prompt in PROMPTS:
+        out = spec.generate(prompt, max_new_tokens=40)
+        assert out.token_ids == plain.generate(prompt, max_new_tokens=40).token_ids, prompt
+        accepted += out.stats.accepted_tokens
+    assert accepted > 0

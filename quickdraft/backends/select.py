@@ -19,6 +19,7 @@ from quickdraft.backends.llama_cpp import LlamaCppBackend, llama_cpp_installed
 from quickdraft.backends.native import NativeBackend
 from quickdraft.backends.static import StaticBackend
 from quickdraft.backends.shapes import (
+    VERIFY_ROWS,
     cached_choice,
     check_in_place_trees,
     measure_dense_kernel,
@@ -258,13 +259,15 @@ def observe_passes(loaded: LoadedModel, device: str | torch.device, cache_dir: s
 
 def make_backend(loaded: LoadedModel, kind: str = AUTO, precision: str = "fp32", device: str = "cpu",
                  layers: list[int] | None = None, measure: bool = True,
-                 cache_dir: str | os.PathLike | None = None, context: int | None = None) -> Backend:
+                 cache_dir: str | os.PathLike | None = None, context: int | None = None,
+                 kernel_rows: tuple[int, ...] = VERIFY_ROWS) -> Backend:
     """The backend for `loaded` (only `layers` of it, for self-speculation), made once per setting
     and kept in `loaded.backends`: every decoder over the model shares it. kind auto: native where
     the architecture is supported at `precision`, else hf (choose_backend decides; a timed
     llama.cpp verdict is the Decoder's). measure: time pass shapes on this machine (once, cached
     under cache_dir) and use the fastest. context: the llama.cpp backend's KV cells (None:
-    llama_cpp.DEFAULT_CELLS at most)."""
+    llama_cpp.DEFAULT_CELLS at most). kernel_rows: the pass sizes a native bf16 kernel on a CPU is
+    chosen for (shapes.VERIFY_ROWS for a target, DECODE_ROWS for a draft model)."""
     kind = choose_backend(loaded.config, loaded.gguf, loaded.name, kind, precision, device,
                           stored=loaded.stored_precision).kind
     device = resolve_device(device)
@@ -276,19 +279,21 @@ def make_backend(loaded: LoadedModel, kind: str = AUTO, precision: str = "fp32",
     if kind == STATIC:
         return _static_backend(loaded, precision, device, layers, measure, cache_dir)
     native = kind == NATIVE
-    key = (kind, precision, str(device), tuple(layers) if layers else None, measure)
+    if not (native and precision == "bf16" and device.type == "cpu" and measure):
+        kernel_rows = VERIFY_ROWS  # nothing is chosen by pass size: one backend serves every caller
+    key = (kind, precision, str(device), tuple(layers) if layers else None, measure, kernel_rows)
     if key in loaded.backends:
         return loaded.backends[key]
     folder = shapes_folder(cache_dir)
     if layers is not None:  # a layer subset shares the whole model's weights and measured shapes
-        whole = make_backend(loaded, kind, precision, str(device), None, measure, cache_dir)
+        whole = make_backend(loaded, kind, precision, str(device), None, measure, cache_dir, kernel_rows=kernel_rows)
     if native:
         if layers is not None:
             backend = NativeBackend(whole.weights, loaded.name, loaded.tokenizer, loaded.eos_ids, layers, whole.plan,
                                     whole.in_place_trees)
             backend.widen_prompts = whole.widen_prompts
         else:
-            weights = native_weights(loaded, precision, device, folder if measure else None)
+            weights = native_weights(loaded, precision, device, folder if measure else None, kernel_rows=kernel_rows)
             backend = NativeBackend(weights, loaded.name, loaded.tokenizer, loaded.eos_ids)
             if measure:
                 backend.plan = measure_row_plan(weights, folder)
@@ -368,12 +373,14 @@ def shapes_folder(cache_dir: str | os.PathLike | None) -> Path:
 
 
 def native_weights(loaded: LoadedModel, precision: str, device: torch.device,
-                   shapes: Path | None = None, dense: str = "bf16") -> NativeWeights:
+                   shapes: Path | None = None, dense: str = "bf16",
+                   kernel_rows: tuple[int, ...] = VERIFY_ROWS) -> NativeWeights:
     """Weights at `precision` on `device`, read once from the model's source; int4 from a GGUF file
-    takes the file's own 4-bit blocks. shapes: where measured kernel choices live (bf16 on a CPU: multiplied as bf16 or
-    widened to fp32, whichever this machine does faster); None: `dense` (see NativeWeights.from_model)."""
+    takes the file's own 4-bit blocks. shapes: where measured kernel choices live (bf16 on a CPU:
+    bf16 columns or one row at a time, whichever this machine does faster at `kernel_rows` rows);
+    None: `dense` (see NativeWeights.from_model)."""
     if shapes is not None and precision == "bf16" and device.type == "cpu":
-        dense = measure_dense_kernel(loaded.tensor, shapes)
+        dense = measure_dense_kernel(loaded.tensor, shapes, kernel_rows)
     key = (precision, str(device), dense)
     if key not in loaded.native:
         loaded.native[key] = NativeWeights.from_source(loaded.config, loaded.weights, precision, device=device,

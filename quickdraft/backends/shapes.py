@@ -178,19 +178,25 @@ def measure_pad_plan(backend, folder: Path | None, progress: bool = True) -> dic
     return {int(n): int(size[0]) for n, size in choice.items() if size[0] > int(n)}
 
 
-DENSE_KERNEL_ROWS = (1, 4)  # a plain decoding pass and a typical verify pass
+# The pass sizes a bf16 kernel is chosen for. A target's: a one-token pass and a typical verify
+# pass, whatever its method (one kernel serves every pass, or plain decoding would round a token
+# otherwise than speculation). A draft model's: the one-token passes it drafts with.
+VERIFY_ROWS = (1, 4)
+DECODE_ROWS = (1,)
 PROMPT_ROWS = (64,)  # a short prompt's prefill
+DENSE_QUESTION, PROMPT_QUESTION = "bf16 columns or rows", "prompt rows one at a time or widened"
 FIRST_LAYER = ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")
 
 
-def measure_dense_kernel(tensor: Callable[[str], torch.Tensor], folder: Path | None, progress: bool = True) -> str:
+def measure_dense_kernel(tensor: Callable[[str], torch.Tensor], folder: Path | None,
+                         rows: tuple[int, ...] = VERIFY_ROWS, progress: bool = True) -> str:
     """"bf16" or "rows": how this machine multiplies bf16 weights faster, as bf16 matrix columns
-    (ColumnLinear) or one row at a time (RowLinear; CPUs without bf16 arithmetic), timed on the
-    first layer's matrices at DENSE_KERNEL_ROWS rows. Both keep the weights in bf16: widening
-    them to fp32 would double a bf16 model's memory. tensor: a weight by its transformers name
-    (LoadedModel.tensor)."""
-    return _faster_bf16({"bf16": ColumnLinear, "rows": RowLinear}, DENSE_KERNEL_ROWS, tensor, folder,
-                        "bf16 columns or rows", "bf16 matrix products", progress)
+    (ColumnLinear) or one row at a time (RowLinear; CPUs without bf16 arithmetic, or plain
+    decoding), timed on the first layer's matrices at `rows` rows (VERIFY_ROWS or DECODE_ROWS).
+    Both keep the weights in bf16: widening them to fp32 would double a bf16 model's memory.
+    tensor: a weight by its transformers name (LoadedModel.tensor)."""
+    return _faster_bf16({"bf16": ColumnLinear, "rows": RowLinear}, rows, tensor, folder, DENSE_QUESTION,
+                        "bf16 matrix products", progress)
 
 
 def measure_prompt_kernel(tensor: Callable[[str], torch.Tensor], folder: Path | None, progress: bool = True) -> bool:
@@ -198,8 +204,13 @@ def measure_prompt_kernel(tensor: Callable[[str], torch.Tensor], folder: Path | 
     at a time) than one row at a time, timed on the first layer's matrices at PROMPT_ROWS rows:
     the native backend's widen_prompts where its bf16 kernel is RowLinear."""
     widened = lambda weight: RowLinear(weight).widened  # noqa: E731 - a kind is made from a weight
-    return _faster_bf16({"rows": RowLinear, "widened": widened}, PROMPT_ROWS, tensor, folder,
-                        "prompt rows one at a time or widened", "bf16 prompt rows", progress) == "widened"
+    return _faster_bf16({"rows": RowLinear, "widened": widened}, PROMPT_ROWS, tensor, folder, PROMPT_QUESTION,
+                        "bf16 prompt rows", progress) == "widened"
+
+
+def bf16_signature(question: str, rows: tuple[int, ...], matrices: list[torch.Tensor]) -> dict:
+    """What a bf16 kernel choice is kept under: the question, the rows timed, the first layer's shapes."""
+    return {"backend": NATIVE, "dense": question, "rows": list(rows), "shapes": [list(m.shape) for m in matrices]}
 
 
 def _faster_bf16(kinds: dict[str, Callable], rows: tuple[int, ...], tensor: Callable[[str], torch.Tensor],
@@ -207,7 +218,7 @@ def _faster_bf16(kinds: dict[str, Callable], rows: tuple[int, ...], tensor: Call
     """The kind (a maker of a callable [n, in] -> [n, out] from a bf16 weight) that multiplies the
     first layer's matrices faster at `rows` rows, timed once per machine and shapes (cached)."""
     matrices = [tensor(f"model.layers.0.{name}.weight") for name in FIRST_LAYER]
-    signature = {"backend": NATIVE, "dense": question, "rows": list(rows), "shapes": [list(m.shape) for m in matrices]}
+    signature = bf16_signature(question, rows, matrices)
 
     def measure() -> str:
         weights = [m.detach().to(torch.bfloat16) for m in matrices]
