@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quickdraft.analysis import best_k, expected_tokens_per_pass, predicted_speedup, time_per_token
-from quickdraft.backends.kinds import AUTO, BACKENDS, all_precisions
 from quickdraft.errors import QuickdraftError
+from quickdraft.flags import add_flag, add_option_flags, given_options
 from quickdraft.methods import METHODS
-from quickdraft.options import OPTIONS
+from quickdraft.options import OPTION
+from quickdraft.settings import RUN, SAMPLING, SAMPLING_SETTINGS
 
 if TYPE_CHECKING:
     from quickdraft.backends.select import Choice
@@ -29,26 +30,20 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     gen = commands.add_parser("generate", help="generate text from a prompt")
     gen.add_argument("prompt", nargs="?", help="the prompt (default: standard input, else a demo prompt)")
-    gen.add_argument("--target", help="hub id, folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
-    gen.add_argument("--draft", help="draft model: hub id, folder or .gguf file")
-    gen.add_argument("--method", help="drafting method, or a METHOD:key=value,... spec (methods: "
-                     f"{', '.join(METHODS)}); default: the fastest available")
-    gen.add_argument("--max-new-tokens", type=int, default=128)
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    gen.add_argument("--top-k", type=int)
-    gen.add_argument("--top-p", type=float)
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--stop", action="append", help="stop string (repeatable)")
+    add_flag(gen, RUN["target"])
+    add_flag(gen, RUN["draft"])
+    add_flag(gen, RUN["method"], f"methods: {', '.join(METHODS)}; default: the fastest available")
+    for setting in SAMPLING_SETTINGS:
+        if setting.name != "logprobs":  # the library's and the server's; generate prints no logprobs
+            add_flag(gen, setting)
     add_option_flags(gen)
-    gen.add_argument("--threads", type=int, help="CPU threads for torch and the llama.cpp backend (default: torch's choice)")
-    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
-                     help="apply the chat template (default: when the model has one)")
+    add_flag(gen, RUN["threads"])
     gen.add_argument("--verbose", action="store_true", help="print each step's drafted and accepted text")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
 
     bench = commands.add_parser("bench", help="time methods and peers side by side; report, JSON, plots")
-    bench.add_argument("--target", help="hub id, folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
-    bench.add_argument("--draft", help="draft model for method draft and transformers' assistant_model")
+    add_flag(bench, RUN["target"])
+    add_flag(bench, RUN["draft"], "for method draft and transformers' assistant_model")
     bench.add_argument("--methods", nargs="+", default=["all"],
                        help="METHOD[:key=value,...] specs, or all (default); a value a/b/c runs each, "
                             "e.g. prompt-lookup:k=2/4/8,draft_length=fixed")
@@ -57,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "present, else a built-in set)")
     bench.add_argument("--categories", nargs="+", help="categories to run (default: all in the file)")
     bench.add_argument("--per-category", type=int, help="prompts per category (default 10; --quick: 1)")
-    bench.add_argument("--max-new-tokens", type=int, help="default 128 (--quick: 48)")
-    bench.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (and checks equality)")
+    add_flag(bench, SAMPLING["max_new_tokens"], "--quick: 48", declared_default=False)
+    add_flag(bench, SAMPLING["temperature"], "at 0 the bench also checks that the outputs are equal")
     bench.add_argument("--repeats", type=int, default=1, help="timed runs of each prompt per contender")
     bench.add_argument("--peers", nargs="+", choices=["transformers", "llama.cpp"],
                        default=["transformers", "llama.cpp"],
@@ -67,14 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-peers", action="store_true", help="leave out every peer")
     bench.add_argument("--quick", action="store_true", help="1 prompt per category, 48 tokens: a few minutes")
     add_option_flags(bench, model_only=True)
-    bench.add_argument("--threads", type=int, help="CPU threads for torch and the llama.cpp backend (default: torch's choice)")
+    add_flag(bench, RUN["threads"])
     bench.add_argument("--output", type=Path, default=Path("bench-out/bench"), help="folder for the outputs")
 
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server with batched speculation")
-    serve.add_argument("--target", help="hub id, folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
-    serve.add_argument("--draft", help="draft model: hub id, folder or .gguf file")
-    serve.add_argument("--method", help="default drafting method or METHOD:key=value,... spec (requests may "
-                       "choose their own)")
+    add_flag(serve, RUN["target"])
+    add_flag(serve, RUN["draft"])
+    add_flag(serve, RUN["method"], "the server's default; requests may choose their own")
     serve.add_argument("--model-name", help="the model id clients send (default: the target's name)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -89,11 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                        help="a Host name to answer besides the bound address (repeatable; e.g. behind a proxy)")
     add_option_flags(serve)
-    serve.add_argument("--threads", type=int, help="CPU threads for torch and the llama.cpp backend (default: torch's choice)")
+    add_flag(serve, RUN["threads"])
 
     train = commands.add_parser("train", help="train a draft head (EAGLE or Medusa) on the target's hidden states")
     train.add_argument("kind", choices=["eagle", "medusa"])
-    train.add_argument("--target", help="hub id, folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    add_flag(train, RUN["target"])
     train.add_argument("--data", type=Path, nargs="+", required=True,
                        help="training files: alpaca-style JSON, JSONL (question/answer, prompt/response, "
                             "text) or plain .txt; evaluation sets are refused")
@@ -131,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--max-examples", type=int, nargs="+", metavar="N",
                        help="use the first N examples of each file (one N, or one per --data file)")
     train.add_argument("--max-tokens", type=int, default=512, help="tokens per example (prompt + response)")
-    train.add_argument("--threads", type=int, help="CPU threads for torch and the llama.cpp backend (default: torch's choice)")
+    add_flag(train, RUN["threads"])
     train.add_argument("--device", default="auto",
                        help="auto (a CUDA GPU when present, else the CPU), cpu or cuda (cuda:N): where the target "
                             "distils and extracts features and the head trains")
@@ -142,24 +136,21 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export-head", help="write an EAGLE-3 head as a vLLM or SGLang draft model")
     export.add_argument("--head", type=Path,
                         help="folder of an EAGLE-3 head (default: the eagle head shipped for the target)")
-    export.add_argument("--target", help="hub id, folder or .gguf file the head was trained for (default: the "
-                        "embedded SmolLM2-135M-Instruct); only its config or GGUF header is read")
+    add_flag(export, RUN["target"], "the one the head was trained for; only its config or GGUF header is read")
     export.add_argument("--format", required=True, metavar="{vllm,sglang}", help="the engine whose layout to write")
     export.add_argument("--output", type=Path, required=True, help="folder for config.json and model.safetensors")
 
     plan = commands.add_parser("plan", help="will the target, the draft and the caches fit? (reads config or GGUF "
                                "headers; loads no weights)")
-    plan.add_argument("--target", help="hub id, folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
-    plan.add_argument("--draft", help="draft model: hub id, folder or .gguf file")
+    add_flag(plan, RUN["target"])
+    add_flag(plan, RUN["draft"])
     plan.add_argument("--head", help="folder of an EAGLE or Medusa head (its file size counts as the draft)")
     plan.add_argument("--max-batch", type=int, default=1, help="sequences decoded together")
     plan.add_argument("--context", type=int, help="tokens per sequence (default: the target's context length; llama.cpp: its one "
                       "pool's cells, at most 4096 unless --context says)")
     plan.add_argument("--memory", help="what there is, e.g. 8GiB: say whether it fits and what to cut")
-    plan.add_argument("--backend", choices=BACKENDS, default=AUTO,
-                      help="default: auto, chosen as generate chooses it (without timing anything)")
-    plan.add_argument("--precision", choices=all_precisions(),
-                      help="default: bf16 on cuda, else fp32 (llama.cpp: the file's own types, gguf)")
+    add_flag(plan, OPTION["backend"], "auto is chosen as generate chooses it, without timing anything")
+    add_flag(plan, OPTION["precision"])
     plan.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
 
     analyze = commands.add_parser("analyze", help="expected tokens per pass, predicted speedup, best K")
@@ -172,36 +163,6 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--k-max", type=int, default=16)
     analyze.add_argument("--plot", help="also write a PNG of predicted speedup vs K to this path")
     return parser
-
-
-def add_option_flags(parser: argparse.ArgumentParser, model_only: bool = False) -> None:
-    """A flag for every declared option (quickdraft.options.OPTIONS): its help, its checks; default
-    None, so only the flags a user gives reach the decoder and the declared defaults apply."""
-    for option in OPTIONS:
-        if model_only and not option.model:
-            continue
-        default = f" (default: {option.default})" if option.default is not None else ""
-        if option.kind is bool:
-            parser.add_argument(option.flag, dest=option.name, action=argparse.BooleanOptionalAction,
-                                default=None, help=option.help + default)  # --lookup / --no-lookup
-            continue
-        metavar = "{" + ",".join(option.choices) + "}" if option.choices else option.name.upper()
-        parser.add_argument(option.flag, dest=option.name, type=_flag_parser(option), metavar=metavar,
-                            help=option.help + default)
-
-
-def _flag_parser(option):
-    def parse(text: str):
-        try:
-            return option.parse(text)
-        except QuickdraftError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-    return parse
-
-
-def given_options(args: argparse.Namespace) -> dict:
-    """The declared options the user set on the command line."""
-    return {o.name: getattr(args, o.name) for o in OPTIONS if getattr(args, o.name, None) is not None}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -338,9 +299,7 @@ def _read_prompt(args: argparse.Namespace) -> str:
 def _set_threads(threads: int | None) -> None:
     import torch
 
-    if threads is not None:
-        if threads < 1:
-            raise QuickdraftError(f"--threads must be >= 1, got {threads}")
+    if threads is not None:  # checked by its declaration when the flag was parsed
         torch.set_num_threads(threads)  # process-wide by nature: set once, here, by the user
 
 
@@ -382,9 +341,8 @@ def _bench(args: argparse.Namespace) -> int:
     from quickdraft.bench.harness import BenchSettings
 
     _set_threads(args.threads)
-    for flag, value in (("--per-category", args.per_category), ("--max-new-tokens", args.max_new_tokens)):
-        if value is not None and value < 1:
-            raise QuickdraftError(f"{flag} must be >= 1, got {value}")
+    if args.per_category is not None and args.per_category < 1:
+        raise QuickdraftError(f"--per-category must be >= 1, got {args.per_category}")
     BenchSettings(1, args.temperature, args.repeats).check()  # before loading anything
     decoder = quickdraft.load(args.target, args.draft, "none", **given_options(args))
     paths = bench(decoder, args.methods, args.output, args.data, args.categories, args.per_category,

@@ -30,7 +30,8 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.methods import MethodConfig, Parts, configure, reads_inner_layers
 from quickdraft.models.loading import LoadedModel, ModelSource, load_model, same_vocabulary
 from quickdraft.options import MODEL_OPTIONS
-from quickdraft.sampling import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
+from quickdraft.sampling import SamplingParams, TokenLogprob
+from quickdraft.settings import SAMPLING, checked_sampling
 from quickdraft.stats import Stats, StepRecord
 from quickdraft.text import TextStream
 
@@ -200,11 +201,11 @@ class Decoder:
     def prepare(
         self,
         prompt: Prompt,
-        max_new_tokens: int = 128,
-        temperature: float = 0.0,
+        max_new_tokens: int = SAMPLING["max_new_tokens"].default,
+        temperature: float = SAMPLING["temperature"].default,
         top_k: int | None = None,
         top_p: float | None = None,
-        seed: int = 0,
+        seed: int = SAMPLING["seed"].default,
         stop: list[str] | str | None = None,
         chat: bool | None = None,
         text: bool = False,
@@ -213,11 +214,8 @@ class Decoder:
         """A checked Generation, not prefilled yet (engine.prefill does several at once).
         text: keep a TextStream (generation.text) even without stop strings, to stream text;
         logprobs: record each new token's log-probability with this many alternatives (0..20)."""
-        sampling = SamplingParams(temperature, top_k, top_p)
-        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
-            raise QuickdraftError(f"logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {logprobs}")
-        if max_new_tokens < 1:
-            raise QuickdraftError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        sampling = SamplingParams(temperature, top_k, top_p)  # checks its three by their declarations
+        checked_sampling(logprobs=logprobs, max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat)
         prompt_ids = self.encode(prompt, chat)
         limit = self.context_length
         if len(prompt_ids) + max_new_tokens > limit:
@@ -245,7 +243,8 @@ class Decoder:
             logprobs=logprobs,
         )
 
-    def start(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> Generation:
+    def start(self, prompt: Prompt, max_new_tokens: int = SAMPLING["max_new_tokens"].default,
+              **options: Any) -> Generation:
         """Prefill a prompt and return the Generation; step it yourself to stream (options as generate's)."""
         generation = self.prepare(prompt, max_new_tokens, **options)
         prefill([generation])
@@ -253,14 +252,16 @@ class Decoder:
             raise generation.error
         return generation
 
-    def generate(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> GenerationOutput:
+    def generate(self, prompt: Prompt, max_new_tokens: int = SAMPLING["max_new_tokens"].default,
+                 **options: Any) -> GenerationOutput:
         """Decode `prompt` (text or token ids). Options: temperature, top_k, top_p, seed, stop, chat."""
         generation = self.start(prompt, max_new_tokens, **options)
         while not generation.done:
             generation.step()
         return self.finish(generation)
 
-    def stream(self, prompt: Prompt, max_new_tokens: int = 128, **options: Any) -> Iterator[StepRecord]:
+    def stream(self, prompt: Prompt, max_new_tokens: int = SAMPLING["max_new_tokens"].default,
+               **options: Any) -> Iterator[StepRecord]:
         """Yield each step's record as it is decoded."""
         yield from self.start(prompt, max_new_tokens, **options)
 

@@ -53,25 +53,40 @@ class Method:
 
 @dataclass(frozen=True)
 class MethodConfig:
-    """A method and every option's value, checked once (read them as attributes: config.k).
-    given: the settings the user named, so another method can start from the same choices."""
+    """A method and every option's value, checked once: one typed field per option of OPTIONS, in
+    its order (tests/test_options.py checks they match). given: the settings the user named, so
+    another method can start from the same choices."""
 
     method: str
-    values: tuple[tuple[str, Any], ...]
+    k: int
+    draft_length: str
+    k_max: int
+    confidence: float | None
+    max_ngram: int
+    min_ngram: int
+    layers: int | tuple[int, ...] | str | None
+    window: int
+    ngram: int
+    candidates: int
+    head: str | None
+    tree_top_k: int
+    tree_nodes: int | None
+    tree: str
+    lookup: bool
+    full_vocab: bool
+    backend: str
+    precision: str | None
+    device: str
+    context: int | None
     given: tuple[tuple[str, Any], ...] = ()
-
-    def __getattr__(self, name: str) -> Any:
-        for key, value in object.__getattribute__(self, "values"):
-            if key == name:
-                return value
-        raise AttributeError(name)
 
     @property
     def spec(self) -> Method:
         return METHODS[self.method]
 
     def settings(self) -> dict[str, Any]:
-        return dict(self.values)
+        """Every option's value, by name."""
+        return {option.name: getattr(self, option.name) for option in OPTIONS}
 
     def label(self) -> str:
         """METHOD[:key=value,...] of what the user set (the spec that gives this config back)."""
@@ -101,7 +116,7 @@ def configure(method: str | None, has_draft_model: bool, **settings: Any) -> Met
     values = {option.name: option.default for option in OPTIONS} | given
     values["k"] = (values["k"] if values["k"] is not None else spec.default_k) if spec.speculative else 0
     values["draft_length"] = values["draft_length"] or spec.default_draft_length
-    return MethodConfig(name, tuple(values.items()), tuple(given.items()))
+    return MethodConfig(name, **values, given=tuple(given.items()))
 
 
 def _build_draft(parts: Parts, config: MethodConfig) -> Drafter:

@@ -1,19 +1,20 @@
-"""Every setting a user can give, declared once: name, default, validation, help.
+"""Every method option a user can give, declared once: name, default, validation, help.
 
 The Python API (`load`, `Decoder`, `with_method`), the CLI flags of generate, serve and bench,
 `METHOD:key=value` specs (accepted by all three) and the server's `quickdraft` request object
-are all built from OPTIONS, so a default or a bound lives in exactly one place.
+are all built from OPTIONS, so a default or a bound lives in exactly one place (sampling and run
+settings are declared the same way, in settings.py; the Option class is in option.py).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from quickdraft.backends.kinds import BACKENDS, all_precisions
 from quickdraft.errors import QuickdraftError
+from quickdraft.option import Option
 
 MAX_K = 64  # draft tokens per pass: beyond this a pass costs more than any draft can repay
 MAX_TREE_NODES = 256
@@ -29,79 +30,6 @@ def parse_layers(text: str) -> int | list[int] | str:
     except ValueError:
         raise QuickdraftError(f"layers must be L, a list of layers (0,1,5 or 0+1+5) or auto; got {text!r}",
                               "layers") from None
-
-
-def parse_bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(text)
-
-
-@dataclass(frozen=True)
-class Option:
-    """One setting. default None means another rule decides (the method's or the device's default).
-    methods: the methods that read it (empty: every speculative method); model: it chooses how the
-    target runs (backend, precision, device) rather than how drafting runs."""
-
-    name: str
-    help: str
-    kind: type = int  # int, float, str or bool
-    default: Any = None
-    low: float | None = None
-    high: float | None = None
-    choices: tuple[str, ...] | None = None
-    methods: tuple[str, ...] = ()
-    model: bool = False
-    parser: Callable[[str], Any] | None = None  # text -> value, where the kind's own parse is not enough
-    validate: Callable[[Any], Any] | None = None  # value -> allowed value, where kind and bounds are not enough
-    sweeps: bool = True  # a bench spec's 'a/b/c' sweeps it (False for paths, whose '/' is their own)
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    def parse(self, text: str) -> Any:
-        """A value from text (a CLI flag, a spec), then checked."""
-        if self.parser is not None:
-            return self.check(self.parser(text))
-        try:
-            value = parse_bool(text) if self.kind is bool else self.kind(text)
-        except ValueError:
-            raise QuickdraftError(f"{self.name} must be {self._kind_name()}, got {text!r}", self.name) from None
-        return self.check(value)
-
-    def check(self, value: Any) -> Any:
-        """The value if it is allowed, else a QuickdraftError naming the option and its bounds."""
-        if value is None:
-            return None
-        if self.validate is not None:
-            return self.validate(value)
-        if self.kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if self.kind is int and isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, self.kind) or (self.kind is int and isinstance(value, bool)):
-            raise QuickdraftError(f"{self.name} must be {self._kind_name()}, got {value!r}", self.name)
-        if self.choices is not None and value not in self.choices:
-            raise QuickdraftError(f"unknown {self.name} {value!r}; choose one of: {', '.join(self.choices)}", self.name)
-        exclusive = self.kind is float  # a probability-like bound: the ends themselves are not allowed
-        too_low = self.low is not None and not (value > self.low if exclusive else value >= self.low)
-        too_high = self.high is not None and not (value < self.high if exclusive else value <= self.high)
-        if too_low or too_high or (self.kind is float and value != value):
-            raise QuickdraftError(f"{self.name} must be {self._range()}, got {value}", self.name)
-        return value
-
-    def _kind_name(self) -> str:
-        return {int: "an integer", float: "a number", str: "text", bool: "true or false"}[self.kind]
-
-    def _range(self) -> str:
-        if self.kind is float:
-            return f"in ({self.low:g}, {self.high:g})"
-        if self.high is None:
-            return f">= {self.low}"
-        return f"in {self.low}..{self.high}"
 
 
 def _check_layers(value: Any) -> int | tuple[int, ...] | str:

@@ -10,24 +10,19 @@ from dataclasses import dataclass
 
 import torch
 
-from quickdraft.errors import QuickdraftError
+from quickdraft.settings import SAMPLING, checked_sampling
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to turn logits into a next token. temperature 0 means greedy (argmax)."""
 
-    temperature: float = 0.0
+    temperature: float = SAMPLING["temperature"].default
     top_k: int | None = None
     top_p: float | None = None
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.temperature < float("inf"):
-            raise QuickdraftError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise QuickdraftError(f"top_k must be >= 1, got {self.top_k}")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise QuickdraftError(f"top_p must be in (0, 1], got {self.top_p}")
+        checked_sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)  # bounds: settings.py
 
     @property
     def greedy(self) -> bool:
@@ -62,9 +57,6 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     kept = probs * keep
     return kept / kept.sum(dim=-1, keepdim=True)
-
-
-MAX_TOP_LOGPROBS = 20  # alternatives reported per token at most (OpenAI's bound)
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 
 from quickdraft import Decoder, QuickdraftError
 from quickdraft.cli import build_parser, given_options
-from quickdraft.methods import METHODS, configure
+from quickdraft.methods import METHODS, MethodConfig, configure
 from quickdraft.options import MAX_K, OPTION, OPTIONS, parse_spec
 
 from conftest import loaded
@@ -39,6 +41,20 @@ def test_bad_settings_are_refused_with_the_option_named(settings, message):
     assert caught.value.option == next(iter(settings))
 
 
+def test_method_config_has_one_typed_field_per_option():
+    """The typed record and the declaration cannot drift: the same names, in order, of the declared kinds."""
+    names = [f.name for f in fields(MethodConfig)]
+    assert names == ["method", *(option.name for option in OPTIONS), "given"]
+    types = {f.name: f.type for f in fields(MethodConfig)}
+    for option in OPTIONS:
+        assert option.kind.__name__ in types[option.name], option.name
+    config = configure("eagle:tree_nodes=8", False)
+    assert config.tree_nodes == 8 and config.settings()["tree_nodes"] == 8 and config.label() == "eagle:tree_nodes=8"
+    assert not hasattr(MethodConfig, "__getattr__")
+    with pytest.raises(AttributeError):
+        config.colour  # noqa: B018 - an unknown name is an error, not a lookup
+
+
 def test_methods_take_their_defaults_from_one_place():
     for name, method in METHODS.items():
         config = configure(name, True)
@@ -58,7 +74,7 @@ def test_a_spec_the_cli_and_keywords_give_the_same_configuration():
     args = build_parser().parse_args(["generate", "hi", "--method", "prompt-lookup", "--k", "4", "--max-ngram", "5",
                                       "--draft-length", "fixed"])
     cli = configure(args.method, False, **given_options(args))
-    assert spec.values == keywords.values == cli.values
+    assert spec.settings() == keywords.settings() == cli.settings()
     assert spec.label() == "prompt-lookup:k=4,max_ngram=5,draft_length=fixed"
     flagged = build_parser().parse_args(["generate", "--method", "self-spec:layers=0+2", "--precision", "int4"])
     assert configure(flagged.method, False, **given_options(flagged)).layers == (0, 2)

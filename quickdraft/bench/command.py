@@ -12,9 +12,10 @@ from quickdraft.bench.report import write_report
 from quickdraft.bench.summary import summarise_all
 from quickdraft.decoder import Decoder
 from quickdraft.errors import QuickdraftError
+from quickdraft.settings import SAMPLING
 
 FULL_PER_CATEGORY, QUICK_PER_CATEGORY = 10, 1
-FULL_NEW_TOKENS, QUICK_NEW_TOKENS = 128, 48
+FULL_NEW_TOKENS, QUICK_NEW_TOKENS = SAMPLING["max_new_tokens"].default, 48
 PEERS = ("transformers", "llama.cpp")
 
 
@@ -26,7 +27,7 @@ def bench(
     categories: list[str] | None = None,
     per_category: int | None = None,
     max_new_tokens: int | None = None,
-    temperature: float = 0.0,
+    temperature: float = SAMPLING["temperature"].default,
     repeats: int = 1,
     peers: tuple[str, ...] = PEERS,
     quick: bool = False,

@@ -8,24 +8,22 @@ from tqdm import tqdm
 
 from quickdraft.bench.contenders import BASELINE, Contender, RunRecord
 from quickdraft.errors import QuickdraftError
+from quickdraft.settings import SAMPLING, checked_sampling
 
 WARMUP_TOKENS = 16
 
 
 @dataclass(frozen=True)
 class BenchSettings:
-    max_new_tokens: int = 128
-    temperature: float = 0.0
+    max_new_tokens: int = SAMPLING["max_new_tokens"].default
+    temperature: float = SAMPLING["temperature"].default
     repeats: int = 1
-    seed: int = 0
+    seed: int = SAMPLING["seed"].default
 
     def check(self) -> None:
-        if self.max_new_tokens < 1:
-            raise QuickdraftError(f"max new tokens must be >= 1, got {self.max_new_tokens}")
+        checked_sampling(max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed)
         if self.repeats < 1:
             raise QuickdraftError(f"repeats must be >= 1, got {self.repeats}")
-        if self.temperature < 0:
-            raise QuickdraftError(f"temperature must be >= 0, got {self.temperature}")
 
 
 @dataclass

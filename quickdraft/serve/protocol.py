@@ -9,11 +9,18 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from quickdraft.sampling import MAX_TOP_LOGPROBS
+from quickdraft.option import Option
+from quickdraft.settings import OPENAI_DEFAULTS, SAMPLING
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # ours -> OpenAI's
 MAX_STOPS, MAX_STOP_CHARS = 4, 256  # OpenAI allows 4 stop sequences
-SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch generator takes
+MAX_TEMPERATURE = 2.0  # OpenAI's own upper bound (the lower one is declared in settings.py)
+
+
+def declared(name: str, **field: Any) -> Any:
+    """A pydantic Field with the declared sampling setting's bounds and help (settings.py)."""
+    option: Option = SAMPLING[name]
+    return Field(**field, **option.limits(), description=option.help)
 
 
 def _valid_unicode(text: str) -> str:
@@ -70,11 +77,11 @@ class SamplingRequest(BaseModel):
     model: str
     max_tokens: int | None = None
     max_completion_tokens: int | None = None  # the chat API's newer name for max_tokens
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=1)
+    temperature: float = declared("temperature", default=OPENAI_DEFAULTS["temperature"], le=MAX_TEMPERATURE)
+    top_p: float = declared("top_p", default=OPENAI_DEFAULTS["top_p"])
+    top_k: int | None = declared("top_k", default=None)
     stop: Stop | Annotated[list[Stop], Field(max_length=MAX_STOPS)] | None = None
-    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    seed: int | None = declared("seed", default=OPENAI_DEFAULTS["seed"])
     n: int = 1
     stream: bool = False
     stream_options: dict | None = None
@@ -99,7 +106,7 @@ class SamplingRequest(BaseModel):
 
 class CompletionRequest(SamplingRequest):
     prompt: Text | list[int] | list[Text] | list[list[int]]
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # the legacy API: a count
+    logprobs: int | None = declared("logprobs", default=None)  # the legacy API: a count
 
     def top_logprobs(self) -> int | None:
         return self.logprobs
@@ -134,7 +141,7 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
-    top_logprobs_: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, alias="top_logprobs")
+    top_logprobs_: int | None = declared("logprobs", default=None, alias="top_logprobs")
 
     def top_logprobs(self) -> int | None:
         return (self.top_logprobs_ or 0) if self.logprobs else None
