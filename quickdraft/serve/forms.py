@@ -4,6 +4,7 @@ whole JSON answer, OpenAI's SSE stream, and the playground's stream of target pa
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from fastapi.responses import JSONResponse
@@ -37,12 +38,15 @@ class Form:
         return []
 
 
+@dataclass
 class JsonAnswer(Form):
     """OpenAI's whole answer: one JSONResponse at the end; an error is raised for the error handlers."""
 
-    def __init__(self, decoder: Decoder, request_id: str, model: str, chat: bool, prompt_tokens: int) -> None:
-        self.decoder, self.request_id, self.model, self.chat = decoder, request_id, model, chat
-        self.prompt_tokens = prompt_tokens
+    decoder: Decoder
+    request_id: str
+    model: str
+    chat: bool
+    prompt_tokens: int
 
     def done(self, output: GenerationOutput, served_by: Decoder) -> list[JSONResponse]:
         extra = {"usage": usage(self.prompt_tokens, len(output.token_ids)), "quickdraft": stats(output, served_by)}
@@ -54,14 +58,17 @@ class JsonAnswer(Form):
         raise error
 
 
+@dataclass
 class OpenAIStream(Form):
     """OpenAI's SSE stream: a chunk per step with text, the rest of the text, the finish, the usage if
     asked for, then [DONE]; an error is a chunk of its own before [DONE]."""
 
-    def __init__(self, decoder: Decoder, request_id: str, model: str, chat: bool, include_usage: bool) -> None:
-        self.decoder, self.request_id, self.model, self.chat = decoder, request_id, model, chat
-        self.include_usage = include_usage
-        self.sent = ""  # the scheduler detokenizes incrementally and sends only text that is final
+    decoder: Decoder
+    request_id: str
+    model: str
+    chat: bool
+    include_usage: bool
+    sent: str = ""  # the scheduler detokenizes incrementally and sends only text that is final
 
     def _chunk(self, text: str | None, finish: str | None = None, **fields: Any) -> str:
         return sse(chunk_body(self.request_id, self.model, text, finish, self.chat, **fields))
@@ -94,14 +101,13 @@ class OpenAIStream(Form):
         return ["data: [DONE]\n\n"]
 
 
+@dataclass
 class StepsStream(Form):
     """The playground's view, in SSE: `step` per target pass (StepRecord's fields, the tokens' text,
     the text now final), then `done` (the whole text and the stats) or `error`."""
 
+    decoder: Decoder
     timed_first_token = False  # the time-to-first-token histogram counts OpenAI's answers only
-
-    def __init__(self, decoder: Decoder) -> None:
-        self.decoder = decoder
 
     def step(self, payload: tuple[str, list[TokenLogprob] | None, StepRecord]) -> list[str]:
         final, _, record = payload
