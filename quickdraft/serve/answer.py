@@ -1,5 +1,5 @@
-"""Answering an admitted request: its job submitted to the scheduler (429 when the queue is full,
-503 when the server is stopping), then its events read into the form the request asked for."""
+"""Answering a request: its Job (admission.py) submitted to the scheduler (429 when the queue is
+full, 503 when the server is stopping), then its events read into the form the request asked for."""
 
 from __future__ import annotations
 

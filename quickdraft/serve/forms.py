@@ -18,7 +18,7 @@ from quickdraft.stats import StepRecord
 
 class Form:
     """How an answer is written: the pieces it opens with, sends for a step, at the end, on an error,
-    and closes with (none unless a form says otherwise)."""
+    and closes with. Each form says how it ends and fails; by default it writes nothing else."""
 
     timed_first_token = True  # whether its first step is observed as the request's first token
 
