@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from quickdraft.stats import StepRecord
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
 MAX_POSITIONS = 32  # acceptance is tracked for draft positions 1..32
@@ -50,6 +55,11 @@ class ServerMetrics:
         """Set the memory gauges from a MemoryReport."""
         for part, value in report.gauges().items():
             self.memory.labels(part).set(value)
+
+    def answered(self, request: Request, status: int) -> None:
+        """Count an answer under its route template (never the raw path: labels stay bounded)."""
+        route = request.scope.get("route")
+        self.requests.labels(getattr(route, "path", "unmatched"), str(status)).inc()
 
     def record_step(self, record: StepRecord) -> None:
         """Count one sequence's target pass (called on the scheduler thread)."""
