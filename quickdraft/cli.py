@@ -305,8 +305,8 @@ def _set_threads(threads: int | None) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from quickdraft.backends.select import resolve_device
-    from quickdraft.heads.command import train
-    from quickdraft.heads.train import TrainSettings
+    from quickdraft.training.command import train
+    from quickdraft.training.loop import TrainSettings
 
     _set_threads(args.threads)
     settings = TrainSettings(steps=args.steps, positions=args.positions, sequences=args.sequences,

@@ -20,9 +20,9 @@ from quickdraft.drafters.lookup_branch import LookupBranch
 from quickdraft.drafters.medusa import MedusaDrafter
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.export import is_export
+from quickdraft.heads.format import read_config
 from quickdraft.heads.inference import draft_kernel, for_drafting
 from quickdraft.heads.store import head_folder, load_head
-from quickdraft.heads.train import read_config
 from quickdraft.models.layer_subset import resolve_layers
 from quickdraft.models.loading import LoadedModel, other_tokenizer
 from quickdraft.options import OPTION, OPTIONS, checked, parse_spec

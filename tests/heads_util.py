@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from quickdraft.heads.eagle import EagleConfig, EagleHead
+from quickdraft.heads.config import EagleConfig
+from quickdraft.heads.eagle import EagleHead
+from quickdraft.heads.format import write_head
 from quickdraft.heads.medusa import MedusaHeads
-from quickdraft.heads.train import CONFIG_FILE, HEADS_FILE
 from quickdraft.models import LoadedModel
 
 
 def _save(head: torch.nn.Module, folder: Path, config: dict) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(folder / HEADS_FILE))
-    (folder / CONFIG_FILE).write_text(json.dumps(config))
+    write_head(folder, head, config)
     return folder
 
 
@@ -42,6 +40,6 @@ def medusa_heads(target: LoadedModel, folder: Path, heads: int = 3) -> Path:
 
 def target_backend(model: torch.nn.Module):
     """The backend `quickdraft train` distils and extracts features on, over a transformers model in memory."""
-    from quickdraft.heads.command import feature_decoder
+    from quickdraft.training.command import feature_decoder
 
     return feature_decoder(LoadedModel.of(model, None, "t")).target_backend

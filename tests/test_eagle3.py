@@ -13,14 +13,15 @@ from conftest import loaded
 from quickdraft import Decoder
 from quickdraft.backends.kv_cache import KVCache
 from quickdraft.errors import QuickdraftError
-from quickdraft.heads.data import Example
-from quickdraft.heads.eagle import EagleConfig
-from quickdraft.heads.eagle3 import Eagle3Config, Eagle3Head, feature_layers
-from quickdraft.heads.features import encode_example, extract_features, load_features
-from quickdraft.heads.precision import PRECISIONS
-from quickdraft.heads.train import TrainSettings, load_eagle, training_vocabulary
-from quickdraft.heads.train_eagle3 import train_eagle3, unroll_mask, unrolled_states
-from quickdraft.heads.vocab import coverage, draft_vocabulary
+from quickdraft.heads.config import Eagle3Config, EagleConfig, feature_layers
+from quickdraft.heads.eagle3 import Eagle3Head
+from quickdraft.heads.format import load_eagle
+from quickdraft.training.data import Example
+from quickdraft.training.features import encode_example, extract_features, load_features
+from quickdraft.training.loop import TrainSettings, training_vocabulary
+from quickdraft.training.precision import PRECISIONS
+from quickdraft.training.train_eagle3 import train_eagle3, unroll_mask, unrolled_states
+from quickdraft.training.vocab import coverage, draft_vocabulary
 from heads_util import target_backend
 from test_heads import IdTokenizer
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
@@ -15,9 +15,11 @@ from conftest import loaded, tiny_llama
 from quickdraft.cli import main
 from quickdraft.drafters.base import DraftRequest
 from quickdraft.drafters.eagle import EagleDrafter
-from quickdraft.heads.eagle import EagleConfig, EagleHead
-from quickdraft.heads.eagle3 import Eagle3Config, Eagle3Head
+from quickdraft.heads.config import Eagle3Config, EagleConfig
+from quickdraft.heads.eagle import EagleHead
+from quickdraft.heads.eagle3 import Eagle3Head
 from quickdraft.heads.export import export_head, read_export
+from quickdraft.heads.format import write_head
 from quickdraft.heads.store import load_head
 from quickdraft.memory import shape_from_config
 from quickdraft.sampling import SamplingParams
@@ -32,13 +34,10 @@ def target():
 
 
 def save_quickdraft_head(folder, head, extra: dict) -> None:
-    """A head folder as `quickdraft train` writes it: bf16 floats + the vocabulary, and config.json."""
+    """A head folder as `quickdraft train` writes it."""
     folder.mkdir(parents=True)
-    state = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
-             for k, v in head.state_dict().items()}
-    save_file(state, str(folder / "heads.safetensors"))
-    config = {"kind": "eagle", "target": "t", **extra, "hidden": H, "vocab": V, "draft_vocab": len(head.vocab)}
-    (folder / "config.json").write_text(json.dumps(config))
+    write_head(folder, head, {"kind": "eagle", "target": "t", **extra, "hidden": H, "vocab": V,
+                              "draft_vocab": len(head.vocab)})
 
 
 @pytest.fixture(scope="module")

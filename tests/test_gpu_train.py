@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from quickdraft.heads.distill import answers_file, read_answers
+from quickdraft.training.distill import answers_file, read_answers
 from quickdraft.models.embedded import DEFAULT_NAME
 
 ROOT = Path(__file__).resolve().parents[1]

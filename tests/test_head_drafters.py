@@ -9,13 +9,15 @@ from conftest import DEVICES, loaded, tiny_llama
 from quickdraft import Decoder
 from quickdraft.drafters.tree_record import TreeRecord
 from quickdraft.errors import QuickdraftError
-from quickdraft.heads.command import feature_decoder
-from quickdraft.heads.distill import regenerate
-from quickdraft.heads.features import extract_features, load_features
-from quickdraft.heads.eagle3 import Eagle3Config
-from quickdraft.heads.train import TrainSettings, train_eagle, train_medusa
-from quickdraft.heads.train_eagle3 import train_eagle3
+from quickdraft.heads.config import Eagle3Config
 from quickdraft.sampling import SamplingParams, logits_to_probs
+from quickdraft.training.command import feature_decoder
+from quickdraft.training.distill import regenerate
+from quickdraft.training.features import extract_features, load_features
+from quickdraft.training.loop import TrainSettings
+from quickdraft.training.train_eagle import train_eagle
+from quickdraft.training.train_eagle3 import train_eagle3
+from quickdraft.training.train_medusa import train_medusa
 from stats_util import chi_square_p_value, sample_batched
 
 

@@ -7,17 +7,20 @@ import pytest
 import torch
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.heads.data import Example, read_examples
-from quickdraft.heads.eagle import EagleConfig, EagleHead
-from quickdraft.heads.eagle3 import Eagle3Config, Eagle3Head
-from quickdraft.heads.command import distilled, feature_decoder
-from quickdraft.heads.distill import answers_file, read_answers, regenerate
-from quickdraft.heads.features import extract_features, feature_batches, load_features
-from quickdraft.heads.medusa import MedusaHeads, medusa_loss
-from quickdraft.heads.train import (TrainSettings, eagle_batch, eagle_sequences, held_out, load_eagle, load_medusa,
-                                    medusa_positions, train_eagle, train_medusa)
-from quickdraft.heads.vocab import coverage, draft_vocabulary, vocabulary_index
+from quickdraft.heads.config import Eagle3Config, EagleConfig
+from quickdraft.heads.eagle import EagleHead
+from quickdraft.heads.eagle3 import Eagle3Head
+from quickdraft.heads.format import CONFIG_FILE, load_eagle, load_medusa
+from quickdraft.heads.medusa import MedusaHeads
 from quickdraft.models.loading import LoadedModel
+from quickdraft.training.command import distilled, feature_decoder
+from quickdraft.training.data import Example, read_examples
+from quickdraft.training.distill import answers_file, read_answers, regenerate
+from quickdraft.training.features import extract_features, feature_batches, load_features
+from quickdraft.training.loop import TrainSettings, held_out
+from quickdraft.training.train_eagle import eagle_batch, eagle_sequences, train_eagle
+from quickdraft.training.train_medusa import medusa_loss, medusa_positions, train_medusa
+from quickdraft.training.vocab import coverage, draft_vocabulary, vocabulary_index
 from heads_util import target_backend
 
 
@@ -95,7 +98,7 @@ class IdTokenizer:
 
 @pytest.fixture(scope="module")
 def tiny_shards(tiny_target, tmp_path_factory):
-    from quickdraft.heads.features import encode_example
+    from quickdraft.training.features import encode_example
 
     text = "abcdefgh " * 12
     sequences = [encode_example(IdTokenizer(), Example("", text[i:] + text[:i]), 256) for i in range(40)]
@@ -321,7 +324,7 @@ def test_draft_kernel_is_measured_once_and_cached(tmp_path):
 
 
 def test_features_and_answers_come_through_the_backend_without_a_transformers_model(tiny_target, tmp_path):
-    from quickdraft.heads.features import target_features
+    from quickdraft.training.features import target_features
     from quickdraft.models.loading import load_model
 
     tiny_target.save_pretrained(tmp_path / "tiny")
@@ -354,7 +357,6 @@ def test_features_and_answers_come_through_the_backend_without_a_transformers_mo
 def test_quickdraft_train_distils_and_extracts_through_the_backend_on_the_default_target(tmp_path, capsys, kind,
                                                                                          eagle):
     from quickdraft.cli import main
-    from quickdraft.heads.train import CONFIG_FILE
 
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"question": f"Count to {n}.", "answer": " ".join(map(str, range(n)))}) + "\n"

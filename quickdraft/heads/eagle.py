@@ -8,46 +8,14 @@ Shapes: B sequences, T new positions, C cached positions, H hidden, D head dim.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from quickdraft.backends.kv_cache import KVCache
+from quickdraft.heads.config import EagleConfig
 from quickdraft.heads.inference import outputs
 from quickdraft.models.rotary import default_inv_freq, rotate
-
-
-def rope_theta(text) -> float:
-    """The target's rotary base: transformers 5 keeps it in rope_parameters (per layer type where
-    layers differ, e.g. Gemma 3; the head is a full-attention layer), older configs beside it."""
-    parameters = getattr(text, "rope_parameters", None) or {}
-    parameters = parameters.get("full_attention", parameters)
-    return float(parameters.get("rope_theta") or getattr(text, "rope_theta", None) or 10000.0)
-
-
-@dataclass(frozen=True)
-class EagleConfig:
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    rope_theta: float
-    eps: float
-
-    @classmethod
-    def from_target(cls, config) -> EagleConfig:
-        """The target's own layer shape: the head's layer is one more of the target's layers."""
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        heads = text.num_attention_heads
-        return cls(text.hidden_size, text.intermediate_size, heads, getattr(text, "num_key_value_heads", heads),
-                   getattr(text, "head_dim", None) or text.hidden_size // heads,
-                   rope_theta(text), float(getattr(text, "rms_norm_eps", 1e-6)))
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class EagleHead(nn.Module):
@@ -121,18 +89,3 @@ class EagleHead(nn.Module):
         angles = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
         angles = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, T, D]
         return angles.cos(), angles.sin()
-
-
-def eagle_loss(predicted: torch.Tensor, target: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
-               weight: torch.Tensor, classification: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Smooth-L1 on the predicted state plus `classification` x cross-entropy on its next token
-    (EAGLE's loss), over positions where weight is True; and the top-1 accuracy there.
-
-    predicted, target [B, T, H]; logits [B, T, V']; labels [B, T] draft-vocab index (-1: outside it
-    or past the end); weight [B, T] bool."""
-    regression = F.smooth_l1_loss(predicted[weight], target[weight])
-    known = weight & (labels >= 0)
-    ce = F.cross_entropy(logits[known], labels[known]) if known.any() else predicted.sum() * 0
-    correct = (logits.argmax(-1) == labels) & known
-    accuracy = correct.sum().float() / weight.sum().clamp(min=1)  # out-of-vocabulary counts as a miss
-    return regression + classification * ce, accuracy

@@ -1,7 +1,7 @@
 """The EAGLE-3 head (Li et al. 2025): one decoder layer fed the target's low, middle and high
 layer features fused into one state, plus the embedding of the token that followed; its own
 norm and LM head over a draft vocabulary. Fed its own (pre-norm) outputs, it runs ahead of the
-target; training unrolls it that way ("training-time test", heads/train_eagle3.py).
+target; training unrolls it that way ("training-time test", training/train_eagle3.py).
 
 Parameter names are the EAGLE-3 checkpoint's (fc, midlayer.*, norm, lm_head), the layout vLLM's
 and SGLang's EAGLE-3 loaders read (heads/export.py writes it).
@@ -12,47 +12,14 @@ V' the draft vocabulary, D head dim.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from quickdraft.backends.kv_cache import KVCache
-from quickdraft.heads.eagle import EagleConfig
+from quickdraft.heads.config import Eagle3Config
 from quickdraft.heads.inference import outputs
 from quickdraft.models.rotary import default_inv_freq, rotate
-
-
-def feature_layers(layers: int) -> tuple[int, int, int]:
-    """The target layers whose inputs EAGLE-3 fuses: low, middle, high (vLLM's and SGLang's
-    default, so an exported head reads the same features there)."""
-    return (2, layers // 2, layers - 3) if layers > 4 else (0, layers // 2, layers - 1)
-
-
-@dataclass(frozen=True)
-class Eagle3Config:
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    rope_theta: float
-    eps: float
-    features: tuple[int, ...]  # target layers whose inputs are fused (3 of them)
-
-    @classmethod
-    def from_target(cls, config) -> Eagle3Config:
-        """The target's own layer shape (as EAGLE-1's); features from its depth."""
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        return cls(**EagleConfig.from_target(config).to_dict(), features=feature_layers(text.num_hidden_layers))
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "features": list(self.features)}
-
-    @classmethod
-    def from_dict(cls, values: dict) -> Eagle3Config:
-        return cls(**{**values, "features": tuple(values["features"])})
 
 
 class Attention(nn.Module):

@@ -24,8 +24,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.heads.eagle3 import Eagle3Config, Eagle3Head
-from quickdraft.heads.train import CONFIG_FILE, HEADS_FILE, read_config
+from quickdraft.heads.config import Eagle3Config
+from quickdraft.heads.eagle3 import Eagle3Head
+from quickdraft.heads.format import CONFIG_FILE, HEADS_FILE, read_config
 from quickdraft.memory import ModelShape
 
 FORMATS = ("vllm", "sglang")

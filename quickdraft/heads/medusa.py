@@ -1,6 +1,6 @@
 """Medusa heads (Cai et al. 2024): head k reads the target's last hidden state at position t and
 predicts the token at t + k + 2 (the target's own head predicts t + 1), through the target's LM head
-sliced to the draft vocabulary (heads/vocab.py)."""
+sliced to the draft vocabulary (training/vocab.py)."""
 
 from __future__ import annotations
 
@@ -41,15 +41,3 @@ class MedusaHeads(nn.Module):
         """[..., H] -> [heads, ..., V'] logits over the draft vocabulary."""
         states = torch.stack([block(hidden) for block in self.blocks])  # [heads, ..., H]
         return self.logits_layer(states) if self.logits_layer is not None else F.linear(states, self.lm_head)
-
-
-def medusa_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean cross-entropy over heads, and each head's top-1 accuracy.
-
-    logits [heads, P, V']; targets [heads, P]: head k's token at t + k + 2 as a draft-vocabulary
-    index (-1 outside it: it counts as a miss; -2 past the end of the example)."""
-    valid, known = targets >= -1, targets >= 0  # [heads, P]
-    loss = F.cross_entropy(logits[known], targets[known])
-    correct = (logits.argmax(-1) == targets) & known
-    accuracy = correct.sum(-1).float() / valid.sum(-1).clamp(min=1)  # [heads]
-    return loss, accuracy

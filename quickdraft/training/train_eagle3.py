@@ -19,10 +19,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from quickdraft.heads.eagle3 import Eagle3Config, Eagle3Head
-from quickdraft.heads.train import (Sequences, TrainSettings, eagle_batch, eagle_sequences, held_out, optimise,
-                                    save_head, to_device, training_vocabulary)
-from quickdraft.heads.vocab import vocabulary_index
+from quickdraft.heads.config import Eagle3Config
+from quickdraft.heads.eagle3 import Eagle3Head
+from quickdraft.training.loop import TrainSettings, held_out, optimise, save_head, to_device, training_vocabulary
+from quickdraft.training.train_eagle import Sequences, eagle_batch, eagle_sequences
+from quickdraft.training.vocab import vocabulary_index
 
 
 def unroll_mask(t: int, step: int) -> torch.Tensor:

@@ -9,15 +9,17 @@ from quickdraft.backends.kinds import NATIVE, SPECS
 from quickdraft.backends.select import choose_backend
 from quickdraft.decoder import Decoder
 from quickdraft.errors import QuickdraftError
-from quickdraft.heads.data import read_examples
-from quickdraft.heads.distill import answers_file, append_answers, read_answers, regenerate
-from quickdraft.heads.features import Sequence, encode_example, extract_features, load_features
-from quickdraft.heads.eagle3 import Eagle3Config
-from quickdraft.heads.train import TrainSettings, train_eagle, train_medusa
-from quickdraft.heads.train_eagle3 import train_eagle3
+from quickdraft.heads.config import Eagle3Config
 from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.models.native import supports
 from quickdraft.models.weights import EMBED, LM_HEAD
+from quickdraft.training.data import read_examples
+from quickdraft.training.distill import answers_file, append_answers, read_answers, regenerate
+from quickdraft.training.features import Sequence, encode_example, extract_features, load_features
+from quickdraft.training.loop import TrainSettings
+from quickdraft.training.train_eagle import train_eagle
+from quickdraft.training.train_eagle3 import train_eagle3
+from quickdraft.training.train_medusa import train_medusa
 
 NORM = "model.norm.weight"  # the final norm (EAGLE-3 heads norm their output with the target's)
 

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from quickdraft.decoder import Decoder
 from quickdraft.engine import prefill, step
-from quickdraft.heads.features import Sequence
+from quickdraft.training.features import Sequence
 
 
 def regenerate(decoder: Decoder, sequences: list[Sequence], max_new_tokens: int, batch_size: int = 32,

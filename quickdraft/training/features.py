@@ -16,7 +16,7 @@ from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from quickdraft.backends.base import Backend, SeqPass
-from quickdraft.heads.data import Example
+from quickdraft.training.data import Example
 
 Sequence = tuple[list[int], int]  # token ids of a conversation, and where its response starts
 SHARD_EXAMPLES = 64  # examples per shard file on average: a crash loses at most one shard
