@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,29 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from quickdraft.backends.llama_cpp import llama_cpp_installed
 from quickdraft.models import LoadedModel, default_gguf_path
 from quickdraft.models.random_gguf import GgufShape, quantize_gguf, random_gguf
+
+
+SUITE_CACHE = pytest.StashKey[tuple]()  # the run's cache folder, and XDG_CACHE_HOME before it
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One cache for the whole run, made empty at its start and removed at its end: what the suite
+    measures and builds once (tokenizers, pass shapes, llama.cpp's exactness checks, matplotlib's
+    fonts) is shared by every test and by the processes they start, and the user's own cache under
+    ~/.cache is left as it was found."""
+    folder = tempfile.mkdtemp(prefix="quickdraft-tests-")
+    config.stash[SUITE_CACHE] = (folder, os.environ.get("XDG_CACHE_HOME"))
+    os.environ["XDG_CACHE_HOME"] = folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder, before = config.stash.get(SUITE_CACHE, (None, None))
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+        if before is None:
+            os.environ.pop("XDG_CACHE_HOME", None)
+        else:
+            os.environ["XDG_CACHE_HOME"] = before
 
 
 def tiny_llama(seed: int, vocab: int = 32, layers: int = 2, hidden: int = 32, max_positions: int = 256,
