@@ -138,7 +138,7 @@ def section(backend: Backend, root: Path) -> tuple[list[str], Summary | None]:
 def headline(bests: list[tuple[Backend, Summary | None]]) -> str:
     parts = [f"{s.name} {s.speedup:.2f}x on the {b.title}" for b, s in bests if b.headline and s is not None]
     return ("Best method over plain decoding on the default target (greedy, Spec-Bench prompts): "
-            + ", ".join(parts) + " ([BENCHMARKS.md](BENCHMARKS.md)).")
+            + ", ".join(parts) + ".")
 
 
 def page(backends: list[Backend], root: Path) -> tuple[str, str]:
@@ -168,7 +168,7 @@ def page(backends: list[Backend], root: Path) -> tuple[str, str]:
         "README.md's headline line, nothing else. The list of reports is `BACKENDS` in scripts/bench_page.py. "
         "Commit a run with its results.json gzipped (the script reads either).",
     ]
-    return "\n".join(lines), line
+    return "\n".join(lines), line[:-1] + " ([BENCHMARKS.md](BENCHMARKS.md))."
 
 
 def replace_between(text: str, markers: tuple[str, str], body: str, name: str) -> str:
