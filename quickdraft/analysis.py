@@ -61,7 +61,7 @@ def _check(alpha: float, k: int) -> None:
         raise ValueError(f"k must be >= 0, got {k}")
 
 
-DEFAULT_TREE_NODES = 4  # where every row costs (CPUs): the size measured best there (BENCHMARKS.md)
+DEFAULT_TREE_NODES = 4  # where every row costs (CPUs): the size measured best there (docs/bench/history.md)
 MOST_TREE_NODES = 63  # one static pass of 64 rows: the root and 63 nodes
 
 

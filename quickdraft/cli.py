@@ -178,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # --help (0) or a usage error (2, already printed)
         return int(exit_.code or 0)
+    args.argv = sys.argv[1:] if argv is None else list(argv)  # kept in bench reports
     try:
         if args.command == "analyze":
             return _analyze(args)
@@ -347,7 +348,8 @@ def _bench(args: argparse.Namespace) -> int:
     decoder = quickdraft.load(args.target, args.draft, "none", **given_options(args))
     paths = bench(decoder, args.methods, args.output, args.data, args.categories, args.per_category,
                   args.max_new_tokens, args.temperature, args.repeats,
-                  peers=() if args.no_peers else tuple(args.peers), quick=args.quick)
+                  peers=() if args.no_peers else tuple(args.peers), quick=args.quick,
+                  command=shlex.join(["quickdraft", *args.argv]))
     report = paths["report"].read_text()
     print(report[: report.index("\n## ", report.index("## overall") + 1)].rstrip())  # header + overall table
     print("\nwrote " + ", ".join(str(path) for path in paths.values()))

@@ -32,12 +32,14 @@ def bench(
     peers: tuple[str, ...] = PEERS,
     quick: bool = False,
     progress: bool = True,
+    command: str | None = None,
 ) -> dict[str, Path]:
     """Time `methods` (specs, or "all") against method none and the peers; write report, JSON, plots.
 
     decoder: a loaded Decoder whose target, draft, backend and precision every method shares.
     peers: which peer libraries run ("transformers", "llama.cpp"; llama.cpp when installed)
-    quick: one prompt per category and 48 new tokens unless given (a few minutes on a laptop CPU)."""
+    quick: one prompt per category and 48 new tokens unless given (a few minutes on a laptop CPU).
+    command: the command line, kept in the report's header."""
     per_category = per_category or (QUICK_PER_CATEGORY if quick else FULL_PER_CATEGORY)
     max_new_tokens = max_new_tokens or (QUICK_NEW_TOKENS if quick else FULL_NEW_TOKENS)
     settings = BenchSettings(max_new_tokens, temperature, repeats)
@@ -57,5 +59,5 @@ def bench(
     summaries = summarise_all(result)
     header = {"target": decoder.target.name, "precision": decoder.precision, "backend": decoder.backend_kind,
               "prompts": str(source) if source else "the built-in prompt set",
-              "methods": methods, "peers": list(peers)}
+              "methods": methods, "peers": list(peers)} | ({"command": command} if command else {})
     return write_report(output, result, summaries, header)

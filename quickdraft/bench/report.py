@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
 import platform
 from dataclasses import asdict
 from datetime import date
@@ -26,17 +28,33 @@ def machine() -> str:
     return f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
 
 
+def cpu() -> str:
+    """The processor's name (from /proc/cpuinfo where there is one) and its core count."""
+    name = platform.processor() or platform.machine()
+    try:
+        name = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{name}, {os.cpu_count()} cores"
+
+
 def _ratio(value: float | None, digits: int = 2, suffix: str = "") -> str:
     return "" if value is None else f"{value:.{digits}f}{suffix}"
 
 
-def table(summaries: dict[str, Summary], greedy: bool, methods: set[str], with_prediction: bool) -> list[str]:
-    header = ("| contender | tok/s | speedup vs none | mean accepted length | acceptance rate | mean K |"
-              + (" predicted / measured decode speedup |" if with_prediction else "")
-              + " outputs != reference |")
-    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+PREDICTION = "predicted / measured decode speedup"
+COLUMNS = ("tok/s", "speedup vs none", "mean accepted length", "acceptance rate", "mean K", PREDICTION,
+           "outputs != reference")
+
+
+def table(summaries: dict[str, Summary], greedy: bool, methods: set[str], with_prediction: bool,
+          columns: tuple[str, ...] | None = None) -> list[str]:
+    """One row per contender. columns: a subset of COLUMNS, in order (default: all; the prediction only
+    with_prediction)."""
+    columns = columns or tuple(c for c in COLUMNS if with_prediction or c != PREDICTION)
+    lines = ["| contender | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1)]
     for name, s in summaries.items():
-        rate = "" if s.acceptance_rate is None else f"{s.acceptance_rate:.1%}"
         if not greedy:
             mismatch = "(sampled)"
         elif s.reference == name:
@@ -44,12 +62,23 @@ def table(summaries: dict[str, Summary], greedy: bool, methods: set[str], with_p
         else:
             mismatch = (f"{len(s.mismatches)}/{s.prompts}" + ("" if name in methods else " (peer)")
                         + ("" if s.reference == BASELINE else f" vs {s.reference}"))
-        cells = [name, f"{s.tokens_per_second:.1f}", f"{s.speedup:.2f}x", _ratio(s.mean_accepted_length), rate,
-                 _ratio(s.mean_k, 1)]
-        if with_prediction:
-            cells.append("" if s.predicted_speedup is None
-                         else f"{s.predicted_speedup:.2f}x / {s.measured_decode_speedup:.2f}x")
-        lines.append("| " + " | ".join(cells + [mismatch]) + " |")
+        cells = {"tok/s": f"{s.tokens_per_second:.1f}", "speedup vs none": f"{s.speedup:.2f}x",
+                 "mean accepted length": _ratio(s.mean_accepted_length),
+                 "acceptance rate": "" if s.acceptance_rate is None else f"{s.acceptance_rate:.1%}",
+                 "mean K": _ratio(s.mean_k, 1),
+                 PREDICTION: "" if s.predicted_speedup is None
+                 else f"{s.predicted_speedup:.2f}x / {s.measured_decode_speedup:.2f}x",
+                 "outputs != reference": mismatch}
+        lines.append("| " + " | ".join([name] + [cells[c] for c in columns]) + " |")
+    return lines
+
+
+def speedup_table(summaries: dict[str, dict[str, Summary]]) -> list[str]:
+    """Speedup vs none by group: one row per contender, a column per group ("overall" first)."""
+    groups = [OVERALL] + [g for g in summaries if g != OVERALL]
+    lines = ["| contender | " + " | ".join(groups) + " |", "|" + "---|" * (len(groups) + 1)]
+    for name in summaries[OVERALL]:
+        lines.append("| " + " | ".join([name] + [f"{summaries[g][name].speedup:.2f}x" for g in groups]) + " |")
     return lines
 
 
@@ -62,8 +91,10 @@ def markdown(result: BenchResult, summaries: dict[str, dict[str, Summary]], head
         "# quickdraft bench", "",
         f"Target: {header['target']} ({header['precision']}, {header['backend']} backend); "
         f"{len(result.prompts)} prompts from {header['prompts']} ({', '.join(categories)}); {sampling}; "
-        f"at most {s.max_new_tokens} new tokens; {s.repeats} repeat(s); {header['date']}; {header['machine']}.",
+        f"at most {s.max_new_tokens} new tokens; {s.repeats} repeat(s); {header['date']}; "
+        + "; ".join(filter(None, (header.get("cpu"), header["machine"]))) + ".",
         "",
+        *([f"Command: `{header['command']}`", ""] if header.get("command") else []),
         "tok/s: new tokens (EOS included) over the whole call, prefill included; the median over prompts "
         "(each prompt: the median of its repeats). Speedup: that median over method none's (same backend, "
         "same prompts, run back to back). Mean accepted length: new tokens per target pass. Greedy "
@@ -112,7 +143,7 @@ def write_report(output: Path, result: BenchResult, summaries: dict[str, dict[st
                  header: dict) -> dict[str, Path]:
     """report.md, results.json and the plots under `output`; returns their paths."""
     output.mkdir(parents=True, exist_ok=True)
-    header = {"date": str(date.today()), "machine": machine()} | header
+    header = {"date": str(date.today()), "machine": machine(), "cpu": cpu()} | header
     report = output / "report.md"
     report.write_text(markdown(result, summaries, header))
     raw = {
@@ -128,3 +159,12 @@ def write_report(output: Path, result: BenchResult, summaries: dict[str, dict[st
     results.write_text(json.dumps(raw, indent=1))
     plots = write_plots(output, result, summaries)
     return {"report": report, "results": results} | {path.stem: path for path in plots}
+
+
+def read_results(folder: Path) -> dict:
+    """A report folder's results.json (or results.json.gz, as committed) with Summary objects as summaries."""
+    plain, packed = Path(folder) / "results.json", Path(folder) / "results.json.gz"
+    raw = json.loads(plain.read_text() if plain.exists() else gzip.decompress(packed.read_bytes()))
+    raw["summaries"] = {group: {name: Summary(**fields) for name, fields in members.items()}
+                        for group, members in raw["summaries"].items()}
+    return raw

@@ -4,7 +4,7 @@ Why: a plain F.linear repacks its weight for every call. For one-token passes in
 is cheap on some CPUs (MKL takes a gemv path), but for the multi-token verify passes of
 speculative decoding it costs as much as the arithmetic; in bf16 oneDNN's AMX kernels want
 their own blocked layout. Measured on an Intel Xeon over the default target's 121 weights
-(cold caches): fp32, 8 rows 57 -> 38 ms; bf16, 1 to 16 rows 25 -> 18 ms (BENCHMARKS.md).
+(cold caches): fp32, 8 rows 57 -> 38 ms; bf16, 1 to 16 rows 25 -> 18 ms (docs/bench/history.md, issue 4).
 Which kernel wins at a given row count differs from CPU to CPU, so the backend measures it
 at load (backends/shapes.py) and passes its choice in as a Kernel.
 """

@@ -2,7 +2,7 @@
 
 Why these kernels: in a trial over the default target's 120 layer matrices (2 threads, cold
 caches) one-token products took 14.1 ms with prepacked bf16 weights, 10.4 ms with per-channel
-int8 and 4.4 ms with group-wise int4; whole passes are in BENCHMARKS.md (runner bench). Both
+int8 and 4.4 ms with group-wise int4; whole passes are in docs/bench/precisions.md (runner bench). Both
 kernels want bf16 activations (their fp32 paths are not vectorised: 10-30x slower), and both
 compute each row of a pass independently of the others (tests/test_quantize.py), so a verify
 pass gives every token bit-for-bit the result a one-token pass gives it: greedy speculation

@@ -10,7 +10,7 @@ Why two parts: a tree row's ancestors sit after their siblings in the cache, so 
 must be gathered in path order; the chunks before its own are the committed prefix, the same
 for every row of the tree, and are read from the cache in place by one matmul for all rows. Only
 a chunk of KEY_CHUNK keys per tree row is gathered, and all tree rows go through one batched
-matmul (BENCHMARKS.md: "Tree passes"). A row whose own chunk starts past the pass's first token
+matmul (docs/bench/history.md: "Tree passes"). A row whose own chunk starts past the pass's first token
 (the tree crosses a chunk boundary) gathers its earlier chunks too, on its own.
 
 Trees in place. Where this machine's matmul kernel sums every output in order along the
