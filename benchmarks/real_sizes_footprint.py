@@ -41,7 +41,7 @@ from transformers import LlamaConfig
 from quickdraft.backends.llama_cpp import DEFAULT_CELLS
 from quickdraft.bench.footprint import (IMPORTS, LLAMA_CPP_PYTHON, QUICKDRAFT, TRANSFORMERS, Footprint, footprint,
                                        python)
-from quickdraft.backends.kinds import SPECS
+from quickdraft.backends.kinds import TRAITS
 from quickdraft.cli import planned_choice
 from quickdraft.memory import backend_weight_bytes, human, plan_memory, read_shape, shape_from_config
 from quickdraft.models import default_gguf_path
@@ -73,7 +73,7 @@ def planned_bytes(file: Path, backend: str, precision: str, tokens: int) -> int:
     shared pool: its cells, allocated up front)."""
     shape = read_shape(file)
     choice = planned_choice(shape, backend, None if precision == "-" else precision, "cpu")
-    context = None if SPECS[choice.kind].shared_kv else tokens
+    context = None if TRAITS[choice.kind].shared_kv else tokens
     return plan_memory(shape, backend=choice.kind, precision=choice.precision, context=context).total
 
 

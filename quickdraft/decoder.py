@@ -112,7 +112,7 @@ class Decoder:
 
         self.target_backend = backend_for(target)
         shapes = shapes_folder(cache_dir) if measure_shapes else None
-        self.drafter = config.spec.build(Parts(target, draft, self.target_backend, backend_for, shapes), config)
+        self.drafter = config.definition.build(Parts(target, draft, self.target_backend, backend_for, shapes), config)
         self.eos_ids = self.target_backend.eos_ids
         self.pass_costs = PassCosts()  # what this decoder's passes cost: shared by its generations' cost models
         self.calibration: dict[int, float] | None = None  # self-spec depth -> tok/s, when calibrated

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from quickdraft.backends.kinds import NATIVE, SPECS, spec_for
+from quickdraft.backends.kinds import NATIVE, TRAITS, traits_for
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.precision import precision_of
 
@@ -156,10 +156,10 @@ def backend_weight_bytes(shape: ModelShape, backend: str, precision: str, device
     """Bytes of a backend's weights, read from the model's file.
     packed: oneDNN keeps a packed copy of each fp32 linear weight (None: where this torch has it)."""
     packed = torch.backends.mkldnn.is_available() if packed is None else packed
-    spec = SPECS[backend]
-    if spec.weights == "file":  # mapped, and the types its CPU kernels want repacked copied beside it
+    traits = TRAITS[backend]
+    if traits.weights == "file":  # mapped, and the types its CPU kernels want repacked copied beside it
         return (shape.file_bytes or 0) + (shape.repacked_bytes if device == "cpu" else 0)
-    if spec.weights == "transformers":
+    if traits.weights == "transformers":
         return shape.params * ACTIVATION_BYTES[precision]  # the transformers model it builds
     act = ACTIVATION_BYTES[precision]
     embed = shape.vocab * shape.hidden
@@ -168,7 +168,7 @@ def backend_weight_bytes(shape: ModelShape, backend: str, precision: str, device
     head = 0 if shape.tied else embed
     if precision in ("fp32", "bf16"):
         total = (embed + norms + linear + head) * act  # every tensor at the precision
-        if spec.packed and precision == "fp32" and device == "cpu" and packed:
+        if traits.packed and precision == "fp32" and device == "cpu" and packed:
             total += (linear + (embed if shape.tied else head)) * 4  # oneDNN's packed copies beside them
         return total
     # Quantized: embeddings and norms cast to bf16; linears int8 (a scale per output) or int4 (a
@@ -181,12 +181,12 @@ def backend_weight_bytes(shape: ModelShape, backend: str, precision: str, device
 
 def kv_bytes_per_token(shape: ModelShape, backend: str, precision: str) -> int:
     """One token's keys and values, all layers, as the backend stores them."""
-    per, spec = shape.kv_entry_values(), SPECS[backend]
-    if spec.kv == "f16":
+    per, traits = shape.kv_entry_values(), TRAITS[backend]
+    if traits.kv == "f16":
         return per * 2
-    if spec.kv == "activations":
+    if traits.kv == "activations":
         return per * ACTIVATION_BYTES[precision]
-    ones = spec.kv_ones and precision != "fp32"  # values carry a ones column below fp32
+    ones = traits.kv_ones and precision != "fp32"  # values carry a ones column below fp32
     return (per + (shape.layers * shape.kv_heads if ones else 0)) * 4
 
 
@@ -274,21 +274,21 @@ def plan_memory(target: ModelShape, draft: ModelShape | None = None, *, backend:
                 head_bytes: int = 0, rows: int = 16, packed: bool | None = None) -> MemoryReport:
     """What `max_batch` sequences of `context` tokens need on `backend` at `precision`, from shapes alone.
     rows: tokens per pass per sequence (the static backend: always its 64)."""
-    spec = SPECS[backend]
-    if context is None and spec.pool_cells is not None:  # its pool is allocated up front, capped
-        context = min(target.context, spec.pool_cells)
+    traits = TRAITS[backend]
+    if context is None and traits.pool_cells is not None:  # its pool is allocated up front, capped
+        context = min(target.context, traits.pool_cells)
     context = min(context or target.context, target.context)
-    rows = spec.rows or rows
+    rows = traits.rows or rows
     per_token = kv_bytes_per_token(target, backend, precision)
-    slots = context + rows if spec.rows else context
+    slots = context + rows if traits.rows else context
     draft_bytes = head_bytes
     if draft is not None:
-        draft_backend = NATIVE if spec.needs_gguf and draft.gguf is None else backend
+        draft_backend = NATIVE if traits.needs_gguf and draft.gguf is None else backend
         draft_bytes += backend_weight_bytes(draft, draft_backend, precision, device, packed)
         per_token += kv_bytes_per_token(draft, draft_backend, precision)
     return MemoryReport(backend_weight_bytes(target, backend, precision, device, packed), draft_bytes, per_token,
                         per_token * slots, buffer_bytes(target, rows * max_batch), max_batch, context,
-                        shared_kv=spec.shared_kv, device=device)
+                        shared_kv=traits.shared_kv, device=device)
 
 
 def available_memory() -> int:
@@ -348,7 +348,7 @@ def loaded_memory(decoder, max_batch: int = 1, context: int | None = None) -> Me
     target = decoder.target_backend
     shape = shape_from_config(decoder.target.config, decoder.target.name)
     kind, precision = decoder.backend_kind, decoder.precision
-    spec = SPECS[kind]
+    traits = TRAITS[kind]
     own = _backend_bytes(target)
     heads = tensor_bytes(*[head for key, head in decoder.target.heads.items()]) if decoder.target.heads else 0
     drafter_backend = getattr(decoder.drafter, "backend", None)
@@ -359,15 +359,15 @@ def loaded_memory(decoder, max_batch: int = 1, context: int | None = None) -> Me
         held.append(_weights(drafter_backend))
         draft_bytes += _backend_bytes(drafter_backend)
         draft_precision = getattr(drafter_backend, "precision", "fp32")
-        per_token += kv_bytes_per_token(shape_from_config(decoder.draft.config), spec_for(drafter_backend).name,
+        per_token += kv_bytes_per_token(shape_from_config(decoder.draft.config), traits_for(drafter_backend).name,
                                         draft_precision)
     models = [model for m in (decoder.target, decoder.draft) if m is not None for model in m.built.values()]
     transformers = tensor_bytes(*models, *held) - tensor_bytes(*held)  # what the backends do not share
     context = min(context or decoder.context_length, decoder.context_length)
     rows = getattr(target, "rows", 16)
-    slots = context + rows if spec.rows else context
+    slots = context + rows if traits.rows else context
     return MemoryReport(own, draft_bytes, per_token, per_token * slots, buffer_bytes(shape, rows * max_batch),
-                        max_batch, context, transformers, shared_kv=spec.shared_kv, device=decoder.device.type)
+                        max_batch, context, transformers, shared_kv=traits.shared_kv, device=decoder.device.type)
 
 
 def _backend_bytes(backend: object) -> int:
@@ -406,7 +406,7 @@ def fit_advice(report: MemoryReport, budget: int, target: ModelShape, draft: Mod
         lines.append(f"  --context {context} fits at this batch")
     if device == "cpu":
         for smaller in ("bf16", "int8", "int4"):
-            if smaller == precision or smaller not in SPECS[backend].precisions:
+            if smaller == precision or smaller not in TRAITS[backend].precisions:
                 continue
             other = plan_memory(target, draft, backend=backend, precision=smaller, device=device,
                                 max_batch=report.max_batch, context=report.context, head_bytes=head_bytes)

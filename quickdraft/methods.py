@@ -81,7 +81,7 @@ class MethodConfig:
     given: tuple[tuple[str, Any], ...] = ()
 
     @property
-    def spec(self) -> Method:
+    def definition(self) -> Method:
         return METHODS[self.method]
 
     def settings(self) -> dict[str, Any]:
@@ -104,18 +104,18 @@ def configure(method: str | None, has_draft_model: bool, **settings: Any) -> Met
             raise QuickdraftError(f"option {twice[0]!r} is given twice (in the method spec and on its own)", twice[0])
         settings = settings | from_spec
     name = method or default_method(has_draft_model)
-    spec = get_method(name)
+    definition = get_method(name)
     given = checked(settings)
     for key in given:
         readers = OPTION[key].methods
-        if readers and name not in readers and spec.speculative:
+        if readers and name not in readers and definition.speculative:
             raise QuickdraftError(f"option {key!r} does not apply to method {name!r} (it is for "
                                   f"{', '.join(readers)})", key)
-    if spec.needs_draft_model and not has_draft_model:
+    if definition.needs_draft_model and not has_draft_model:
         raise QuickdraftError(f'method "{name}" needs a draft model (pass draft=... or --draft)', "method")
     values = {option.name: option.default for option in OPTIONS} | given
-    values["k"] = (values["k"] if values["k"] is not None else spec.default_k) if spec.speculative else 0
-    values["draft_length"] = values["draft_length"] or spec.default_draft_length
+    values["k"] = (values["k"] if values["k"] is not None else definition.default_k) if definition.speculative else 0
+    values["draft_length"] = values["draft_length"] or definition.default_draft_length
     return MethodConfig(name, **values, given=tuple(given.items()))
 
 
@@ -137,11 +137,11 @@ def default_self_spec_layers(target: LoadedModel) -> int:
 
 
 def _build_self_spec(parts: Parts, config: MethodConfig) -> Drafter:
-    spec = config.layers if config.layers is not None else default_self_spec_layers(parts.target)
-    if spec == "auto":
+    choice = config.layers if config.layers is not None else default_self_spec_layers(parts.target)
+    if choice == "auto":
         raise QuickdraftError("layers='auto' is resolved by quickdraft.load (it calibrates); pass a depth here",
                               "layers")
-    layers = resolve_layers(parts.target.layers, spec if isinstance(spec, int) else list(spec))
+    layers = resolve_layers(parts.target.layers, choice if isinstance(choice, int) else list(choice))
     return DraftModelDrafter(parts.backend_for(parts.target, layers), config.confidence)
 
 

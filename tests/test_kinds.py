@@ -1,4 +1,4 @@
-"""One spec per backend (backends/kinds.py) and one function that chooses (select.choose_backend):
+"""One traits record per backend (backends/kinds.py) and one function that chooses (select.choose_backend):
 what auto picks, what an asked-for backend refuses, and that `quickdraft plan` and the loader
 choose alike."""
 
@@ -12,7 +12,7 @@ import torch
 from transformers import GPT2Config, LlamaConfig
 
 from quickdraft.backends.choice import BackendChoice
-from quickdraft.backends.kinds import BACKENDS, GGUF, HF, LLAMA_CPP, NATIVE, SPECS, STATIC, all_precisions, spec_for
+from quickdraft.backends.kinds import BACKENDS, GGUF, HF, LLAMA_CPP, NATIVE, STATIC, TRAITS, all_precisions, traits_for
 from quickdraft.backends.llama_cpp import llama_cpp_installed
 from quickdraft.backends.select import choose_backend, draft_backend
 from quickdraft.errors import QuickdraftError
@@ -29,7 +29,7 @@ def test_the_options_and_the_cli_take_their_choices_from_the_specs():
     assert OPTION["backend"].choices == BACKENDS == ("auto", NATIVE, HF, LLAMA_CPP, STATIC)
     assert set(OPTION["precision"].choices) == set(all_precisions()) == {"fp32", "bf16", "int8", "int4", "fp16",
                                                                           GGUF}
-    assert SPECS[LLAMA_CPP].shared_kv and not SPECS[LLAMA_CPP].inner_layers and SPECS[STATIC].rows == 64
+    assert TRAITS[LLAMA_CPP].shared_kv and not TRAITS[LLAMA_CPP].inner_layers and TRAITS[STATIC].rows == 64
 
 
 def test_auto_picks_by_device_file_and_architecture():
@@ -127,6 +127,6 @@ def test_plan_and_the_loader_choose_the_same_backend(tmp_path, capsys, verdict):
     decoder = Decoder(loaded, None, "none", cache_dir=tmp_path)
     assert (planned.kind, planned.precision) == (decoder.backend_kind, decoder.precision)
     assert planned.kind == (LLAMA_CPP if verdict else NATIVE) and "planted" in decoder.backend_reason
-    assert spec_for(decoder.target_backend).name == decoder.backend_kind
+    assert traits_for(decoder.target_backend).name == decoder.backend_kind
     int4 = planned_choice(read_shape(None), "auto", "int4", "cpu", tmp_path)
     assert (int4.kind, int4.precision) == (NATIVE, "int4")

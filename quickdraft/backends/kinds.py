@@ -1,5 +1,5 @@
 """The backends, each described once: what it computes with, where, what it runs, and how its
-memory is laid out. backends/select.py decides from these specs, memory.py counts from them, and
+memory is laid out. backends/select.py decides from these traits, memory.py counts from them, and
 the options, the CLI and `quickdraft plan` take their names and choices from here."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def any_architecture(config: PretrainedConfig, precision: str | None = None) -> 
 
 
 @dataclass(frozen=True)
-class BackendSpec:
+class BackendTraits:
     """One backend: its choices, what it runs, and the layout memory.py counts."""
 
     name: str
@@ -64,7 +64,7 @@ class BackendSpec:
                                   f"not the {self.name} backend's")
         raise QuickdraftError(f"the {self.name} backend computes at {', '.join(self.precisions)}, not {precision}"
                               + ("; use the native backend (backend='auto' or 'native')"
-                                 if precision in SPECS[NATIVE].precisions else ""))
+                                 if precision in TRAITS[NATIVE].precisions else ""))
 
     def check_architecture(self, config: PretrainedConfig, name: str) -> None:
         if not self.architectures(config, None):
@@ -73,49 +73,49 @@ class BackendSpec:
                                                                                else " (use backend='hf')"))
 
 
-SPECS: dict[str, BackendSpec] = {spec.name: spec for spec in (
-    BackendSpec(NATIVE, NativeBackend, "quickdraft's own passes, bit-exact rows at every precision",
-                precisions=("fp32", "bf16", "int8", "int4"), devices=("cpu", "cuda"), architectures=supports,
-                architecture_names=", ".join(SUPPORTED_ARCHITECTURES), kv_ones=True, packed=True),
-    BackendSpec(HF, HFBackend, "transformers' own forward, in the checkpoint's dtype unless asked",
-                precisions=("fp32", "bf16", "fp16"), devices=("cpu", "cuda"), architectures=any_architecture,
-                architecture_names="every transformers causal LM", weights="transformers", kv="activations"),
-    BackendSpec(LLAMA_CPP, LlamaCppBackend, "GGUF files on llama.cpp's kernels", precisions=(GGUF,),
-                devices=("cpu",), architectures=any_architecture, architecture_names="what llama.cpp runs",
-                needs_gguf=True, inner_layers=False, subset=NATIVE, weights="file", kv="f16", shared_kv=True,
-                pool_cells=DEFAULT_CELLS),
-    BackendSpec(STATIC, StaticBackend, "fixed-shape passes over dense weights (CUDA graphs on a GPU)",
-                precisions=DENSE, devices=("cpu", "cuda"), architectures=static_supports,
-                architecture_names=", ".join(a for a in SUPPORTED_ARCHITECTURES if a != GEMMA3), kv="activations",
-                rows=STATIC_ROWS),
+TRAITS: dict[str, BackendTraits] = {traits.name: traits for traits in (
+    BackendTraits(NATIVE, NativeBackend, "quickdraft's own passes, bit-exact rows at every precision",
+                  precisions=("fp32", "bf16", "int8", "int4"), devices=("cpu", "cuda"), architectures=supports,
+                  architecture_names=", ".join(SUPPORTED_ARCHITECTURES), kv_ones=True, packed=True),
+    BackendTraits(HF, HFBackend, "transformers' own forward, in the checkpoint's dtype unless asked",
+                  precisions=("fp32", "bf16", "fp16"), devices=("cpu", "cuda"), architectures=any_architecture,
+                  architecture_names="every transformers causal LM", weights="transformers", kv="activations"),
+    BackendTraits(LLAMA_CPP, LlamaCppBackend, "GGUF files on llama.cpp's kernels", precisions=(GGUF,),
+                  devices=("cpu",), architectures=any_architecture, architecture_names="what llama.cpp runs",
+                  needs_gguf=True, inner_layers=False, subset=NATIVE, weights="file", kv="f16", shared_kv=True,
+                  pool_cells=DEFAULT_CELLS),
+    BackendTraits(STATIC, StaticBackend, "fixed-shape passes over dense weights (CUDA graphs on a GPU)",
+                  precisions=DENSE, devices=("cpu", "cuda"), architectures=static_supports,
+                  architecture_names=", ".join(a for a in SUPPORTED_ARCHITECTURES if a != GEMMA3), kv="activations",
+                  rows=STATIC_ROWS),
 )}
-BACKENDS = (AUTO, *SPECS)
+BACKENDS = (AUTO, *TRAITS)
 
 
-def spec_of(kind: str) -> BackendSpec:
-    """The spec of a backend named by the user (not "auto"), or a clear error."""
-    if kind not in SPECS:
+def traits_of(kind: str) -> BackendTraits:
+    """The traits of a backend named by the user (not "auto"), or a clear error."""
+    if kind not in TRAITS:
         raise QuickdraftError(f"unknown backend {kind!r}; choose one of: {', '.join(BACKENDS)}")
-    return SPECS[kind]
+    return TRAITS[kind]
 
 
-def spec_for(backend: object) -> BackendSpec:
-    """The spec of a backend object (a layer subset's is its whole model's)."""
-    for spec in SPECS.values():
-        if isinstance(backend, spec.backend):
-            return spec
+def traits_for(backend: object) -> BackendTraits:
+    """The traits of a backend object (a layer subset's is its whole model's)."""
+    for traits in TRAITS.values():
+        if isinstance(backend, traits.backend):
+            return traits
     raise QuickdraftError(f"{type(backend).__name__} is not one of quickdraft's backends")
 
 
 def check_backend_kind(kind: str) -> None:
     if kind != AUTO:
-        spec_of(kind)
+        traits_of(kind)
 
 
 def all_precisions() -> tuple[str, ...]:
     """Every precision some backend computes with (the option's choices)."""
-    return tuple(dict.fromkeys(p for spec in SPECS.values() for p in spec.precisions))
+    return tuple(dict.fromkeys(p for traits in TRAITS.values() for p in traits.precisions))
 
 
-__all__ = ["AUTO", "BACKENDS", "BackendSpec", "DENSE", "GGUF", "HF", "LLAMA_CPP", "NATIVE", "SPECS", "STATIC",
-           "STATIC_ROWS", "all_precisions", "check_backend_kind", "spec_for", "spec_of", "static_supports"]
+__all__ = ["AUTO", "BACKENDS", "BackendTraits", "DENSE", "GGUF", "HF", "LLAMA_CPP", "NATIVE", "STATIC", "STATIC_ROWS",
+           "TRAITS", "all_precisions", "check_backend_kind", "static_supports", "traits_for", "traits_of"]

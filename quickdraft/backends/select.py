@@ -35,13 +35,13 @@ from quickdraft.backends.kinds import (
     HF,
     LLAMA_CPP,
     NATIVE,
-    SPECS,
     STATIC,
     STATIC_ROWS,
-    BackendSpec,
+    TRAITS,
+    BackendTraits,
     check_backend_kind,
-    spec_of,
     static_supports,
+    traits_of,
 )
 from quickdraft.errors import QuickdraftError
 from quickdraft.memory import GIB, available_memory, backend_weight_bytes, human, shape_from_config
@@ -87,7 +87,7 @@ def check_precision(precision: str, kind: str) -> None:
         if precision != GGUF:
             get_precision(precision)
         return
-    spec_of(kind).check_precision(precision)
+    traits_of(kind).check_precision(precision)
 
 
 def check_llama_cpp_installed() -> None:
@@ -96,9 +96,9 @@ def check_llama_cpp_installed() -> None:
                               "pip install llama-cpp-python==0.3.36)")
 
 
-def check_device(spec: BackendSpec, device: torch.device) -> None:
-    if device.type not in spec.devices:
-        raise QuickdraftError(f"the {spec.name} backend runs on {' or '.join(spec.devices)} here, not on {device}")
+def check_device(traits: BackendTraits, device: torch.device) -> None:
+    if device.type not in traits.devices:
+        raise QuickdraftError(f"the {traits.name} backend runs on {' or '.join(traits.devices)} here, not on {device}")
 
 
 class Choice(NamedTuple):
@@ -112,7 +112,7 @@ class Choice(NamedTuple):
 def choose_backend(config: PretrainedConfig, gguf: Path | None, name: str, kind: str = AUTO,
                    precision: str | None = None, device: str | torch.device = AUTO, inner_layers: bool = False,
                    stored: str = "fp32", verdict: Callable[[], BackendChoice | None] | None = None) -> Choice:
-    """The one place a backend is chosen, from the specs (backends/kinds.py). Asked for: that
+    """The one place a backend is chosen, from the traits (backends/kinds.py). Asked for: that
     backend, checked (device, architecture, file, precision, inner layers). auto: on a CUDA
     device, static where the architecture is supported and the precision dense; on a CPU,
     llama.cpp for a GGUF target when llama-cpp-python is installed, no precision was asked for
@@ -127,12 +127,12 @@ def choose_backend(config: PretrainedConfig, gguf: Path | None, name: str, kind:
     if precision is not None:
         check_precision(precision, kind)
     if kind != AUTO:
-        return _asked(spec_of(kind), config, gguf, name, precision or (stored if kind == HF else None), device,
+        return _asked(traits_of(kind), config, gguf, name, precision or (stored if kind == HF else None), device,
                       inner_layers)
     if precision == GGUF:
-        return _asked(SPECS[LLAMA_CPP], config, gguf, name, precision, device, inner_layers, "precision gguf")
+        return _asked(TRAITS[LLAMA_CPP], config, gguf, name, precision, device, inner_layers, "precision gguf")
     default = precision or default_precision(device)
-    if device.type == "cuda" and default in SPECS[STATIC].precisions and static_supports(config, default):
+    if device.type == "cuda" and default in TRAITS[STATIC].precisions and static_supports(config, default):
         return Choice(STATIC, default, "static: a CUDA device and an architecture and precision it supports")
     why = _why_not_llama_cpp(gguf, precision, device, inner_layers)
     if why is None:
@@ -144,31 +144,31 @@ def choose_backend(config: PretrainedConfig, gguf: Path | None, name: str, kind:
         if found is not None and found.llama_cpp:
             return Choice(LLAMA_CPP, GGUF, found.reason)
         why = found.reason if found is not None else "backend timing is off (measure_shapes=False)"
-    if default in SPECS[NATIVE].precisions and supports(config, default):
+    if default in TRAITS[NATIVE].precisions and supports(config, default):
         return Choice(NATIVE, default, why if why.startswith(f"{NATIVE}:") else f"{NATIVE}: {why}")
     chosen = precision or stored  # transformers' model in the checkpoint's own dtype unless asked otherwise
-    if chosen not in SPECS[HF].precisions:
-        raise QuickdraftError(f"the hf backend computes at {', '.join(SPECS[HF].precisions)}, not {chosen}, and "
+    if chosen not in TRAITS[HF].precisions:
+        raise QuickdraftError(f"the hf backend computes at {', '.join(TRAITS[HF].precisions)}, not {chosen}, and "
                               f"the native backend does not support {name!r} ({config.model_type!r})")
     missing = f"does not compute at {default}" if supports(config, None) else "does not support it"
     return Choice(HF, chosen, f"{HF}: {why}; the native backend {missing}")
 
 
-def _asked(spec: BackendSpec, config: PretrainedConfig, gguf: Path | None, name: str, precision: str | None,
+def _asked(traits: BackendTraits, config: PretrainedConfig, gguf: Path | None, name: str, precision: str | None,
            device: torch.device, inner_layers: bool, why: str = "") -> Choice:
     """The backend the user named, or one clear error saying why it cannot run this."""
-    if inner_layers and not spec.inner_layers:
-        raise QuickdraftError(f"this EAGLE-3 head drafts from the target's inner layers, which the {spec.name} "
+    if inner_layers and not traits.inner_layers:
+        raise QuickdraftError(f"this EAGLE-3 head drafts from the target's inner layers, which the {traits.name} "
                               f"backend does not return; use backend='native' (or 'auto')")
-    if spec.needs_gguf:
+    if traits.needs_gguf:
         check_llama_cpp_installed()
         if gguf is None:
-            raise QuickdraftError(f"backend {spec.name!r} runs GGUF files; {name!r} was not loaded from one")
-    check_device(spec, device)
-    spec.check_architecture(config, name)
-    chosen = precision or (spec.precisions[0] if len(spec.precisions) == 1 else default_precision(device))
-    spec.check_precision(chosen)
-    return Choice(spec.name, chosen, f"{spec.name}: asked for ({why or f'backend={spec.name}'})")
+            raise QuickdraftError(f"backend {traits.name!r} runs GGUF files; {name!r} was not loaded from one")
+    check_device(traits, device)
+    traits.check_architecture(config, name)
+    chosen = precision or (traits.precisions[0] if len(traits.precisions) == 1 else default_precision(device))
+    traits.check_precision(chosen)
+    return Choice(traits.name, chosen, f"{traits.name}: asked for ({why or f'backend={traits.name}'})")
 
 
 def _why_not_llama_cpp(gguf: Path | None, precision: str | None, device: torch.device,
@@ -178,7 +178,7 @@ def _why_not_llama_cpp(gguf: Path | None, precision: str | None, device: torch.d
         return "not a GGUF file"
     if precision is not None:
         return f"precision {precision} asked for"
-    if device.type not in SPECS[LLAMA_CPP].devices:
+    if device.type not in TRAITS[LLAMA_CPP].devices:
         return "llama.cpp runs on the CPU only"
     if not llama_cpp_installed():
         return "llama-cpp-python is not installed"
@@ -192,10 +192,10 @@ def draft_backend(kind: str, precision: str, loaded: LoadedModel, device: torch.
     the same, unless the draft cannot run there (one that is not a GGUF file beside llama.cpp runs
     on auto's choice; an architecture the target's backend does not run, beside native or static,
     runs on hf)."""
-    spec = SPECS[kind]
-    if spec.needs_gguf and loaded.gguf is None:
+    traits = TRAITS[kind]
+    if traits.needs_gguf and loaded.gguf is None:
         return AUTO, default_precision(device)
-    if not spec.architectures(loaded.config, None):
+    if not traits.architectures(loaded.config, None):
         return HF, loaded.stored_precision
     return kind, precision
 
@@ -271,9 +271,9 @@ def make_backend(loaded: LoadedModel, kind: str = AUTO, precision: str = "fp32",
     kind = choose_backend(loaded.config, loaded.gguf, loaded.name, kind, precision, device,
                           stored=loaded.stored_precision).kind
     device = resolve_device(device)
-    spec = SPECS[kind]
-    if layers is not None and spec.subset is not None:
-        return _subset_backend(loaded, spec, device, layers, measure, cache_dir)
+    traits = TRAITS[kind]
+    if layers is not None and traits.subset is not None:
+        return _subset_backend(loaded, traits, device, layers, measure, cache_dir)
     if kind == LLAMA_CPP:
         return _llama_cpp_backend(loaded, device, measure, cache_dir, context)
     if kind == STATIC:
@@ -320,13 +320,13 @@ def make_backend(loaded: LoadedModel, kind: str = AUTO, precision: str = "fp32",
     return backend
 
 
-def _subset_backend(loaded: LoadedModel, spec: BackendSpec, device: torch.device, layers: list[int],
+def _subset_backend(loaded: LoadedModel, traits: BackendTraits, device: torch.device, layers: list[int],
                    measure: bool, cache_dir: str | os.PathLike | None) -> Backend:
     """A layer subset (self-speculation) of a backend that runs whole models only (llama.cpp) runs
-    on spec.subset: native with the file's own 4-bit blocks (fp32 for an architecture it runs at
+    on traits.subset: native with the file's own 4-bit blocks (fp32 for an architecture it runs at
     fp32 only, Gemma 3: a drafter's precision is not exactness)."""
     precision = "int4" if supports(loaded.config, "int4") else "fp32"
-    return make_backend(loaded, spec.subset, precision, str(device), layers, measure, cache_dir)
+    return make_backend(loaded, traits.subset, precision, str(device), layers, measure, cache_dir)
 
 
 def _llama_cpp_backend(loaded: LoadedModel, device: torch.device, measure: bool,

@@ -48,8 +48,8 @@ class MethodContender:
 
     def __init__(self, name: str, decoder: Decoder, reference: str = BASELINE) -> None:
         self.name, self.decoder, self.reference = name, decoder, reference
-        spec = get_method(decoder.method)
-        self.chain, self.speculative = not spec.drafts_trees, spec.speculative
+        definition = get_method(decoder.method)
+        self.chain, self.speculative = not definition.drafts_trees, definition.speculative
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> RunRecord:
         out = self.decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)

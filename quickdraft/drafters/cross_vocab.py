@@ -46,8 +46,8 @@ def token_bytes(tokenizer: PreTrainedTokenizerBase) -> list[bytes | None]:
     """The bytes each token id spells inside a text (None: a special token, or one that spells
     nothing), for byte-level BPE (GPT-2, Llama 3, SmolLM), SentencePiece-style (Gemma, Llama 2:
     '▁' for a space, <0xNN> byte pieces) and plain vocabularies."""
-    spec = json.loads(tokenizer.backend_tokenizer.to_str())
-    decoder = spec.get("decoder") or {}
+    tokenizer_json = json.loads(tokenizer.backend_tokenizer.to_str())
+    decoder = tokenizer_json.get("decoder") or {}
     parts = decoder.get("decoders") or [decoder]
     byte_level = any(part.get("type") == "ByteLevel" for part in parts)
     metaspace = any(part.get("type") == "Metaspace" or (part.get("type") == "Replace"

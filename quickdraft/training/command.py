@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quickdraft.backends.kinds import NATIVE, SPECS
+from quickdraft.backends.kinds import NATIVE, TRAITS
 from quickdraft.backends.select import choose_backend
 from quickdraft.decoder import Decoder
 from quickdraft.errors import QuickdraftError
@@ -33,7 +33,7 @@ def feature_decoder(loaded: LoadedModel, device: str = "cpu", precision: str | N
     an 8B bf16 checkpoint needs no fp32 copy; None chooses so."""
     if precision is None:
         stored = loaded.stored_precision
-        precision = stored if stored in SPECS[NATIVE].precisions else "bf16"
+        precision = stored if stored in TRAITS[NATIVE].precisions else "bf16"
         if not supports(loaded.config, precision):  # an architecture native runs at fp32 only (Gemma 3), or not at all
             precision = "fp32" if supports(loaded.config, "fp32") else stored
     choice = choose_backend(loaded.config, loaded.gguf, loaded.name, precision=precision, device=device,
