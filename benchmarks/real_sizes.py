@@ -21,7 +21,7 @@ and round them to the precision). --threads 1 2 times every pass at each thread 
 in one run, and adds a row for --extrapolate threads: each pass's cost fitted as serial + parallel
 / threads (quickdraft.analysis.cost_at_threads, Amdahl's law) and read at that count. The fit keeps
 this machine's memory and cores: a prediction on paper, not a measurement. On native, a fitted pass
-costs at most the cheapest larger one (analysis.padded_costs): the backend times its row plan at
+costs at most the cheapest larger one (analysis.padded_costs): the backend times its row kernels at
 load and pads a pass to a cheaper shape, as it would on that machine. --steps adds prompt
 lookup's predicted speedup: the steps of a measured run on the real default target
 (benchmarks/prediction_check.py) replayed at each file's pass costs. Nothing here is a test;
@@ -166,7 +166,7 @@ def main() -> None:
             cost = {key: statistics.median(value) for key, value in times.items()}
             for t in fitted:
                 fit = {n: cost_at_threads({u: cost[u, n, exact] for u in threads}, t) for n in ROWS}
-                if args.backend != "llama.cpp":  # the native backend there would time its own row plan and pad
+                if args.backend != "llama.cpp":  # the native backend there would time its own row kernels and pad
                     fit = padded_costs(fit)
                 cost.update({(t, n, exact): ms for n, ms in fit.items()})
                 cost.update({(t, n, s): cost_at_threads({u: cost[u, n, s] for u in threads}, t)

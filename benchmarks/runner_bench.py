@@ -65,11 +65,11 @@ def pass_ms(backend, context: int, tokens: int, repeats: int) -> float:
 
 def shapes_text(backend) -> str:
     """The measured choice, for the report: row count -> kernel/padding."""
-    plan = backend.plan
-    if not plan:
+    choices = getattr(backend, "row_kernels", None) or getattr(backend, "pad_to", None)
+    if not choices:
         return "packed, unpadded at every size"
     parts = []
-    for n, choice in sorted(plan.items()):
+    for n, choice in sorted(choices.items()):
         if isinstance(choice, int):
             parts.append(f"{n}->{choice} tokens")
         else:

@@ -80,7 +80,7 @@ def pass_cost(pass_ms: dict[int, float], rows: int) -> float:
 
 def padded_costs(pass_ms: dict[int, float]) -> dict[int, float]:
     """Each pass at the cost of the cheapest measured pass at least as large: a backend that pads a
-    pass to a cheaper shape (the native backend's row plan, measured at load) never pays more."""
+    pass to a cheaper shape (the native backend's row kernels, measured at load) never pays more."""
     return {rows: min(ms for n, ms in pass_ms.items() if n >= rows) for rows, ms in pass_ms.items()}
 
 

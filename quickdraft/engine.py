@@ -4,7 +4,7 @@ every caller: a library call is a batch of one, the server's scheduler a batch o
 A Generation holds one sequence: its tokens, its cache handle in the target backend, its
 drafter's state and its stats. `step(generations)` advances any set of them together:
 
-  1. plan: each drafter drafts for all of its sequences in one call (draft models: one
+  1. draft: each drafter drafts for all of its sequences in one call (draft models: one
      batched draft pass per draft token);
   2. one target pass per backend scores every sequence's newest token, drafts and aux tokens;
   3. complete: each sequence verifies its own draft, emits, rolls back its cache, and tells
@@ -38,7 +38,7 @@ from quickdraft.verify import Verdict, verify_tree
 
 
 @dataclass
-class PassPlan:
+class PassLayout:
     """A drafted step waiting for its target pass: what to feed and how to read the logits."""
 
     k: int  # draft tokens asked for
@@ -119,7 +119,7 @@ class Generation:
         while not self.done:
             yield self.step()
 
-    def plan_request(self) -> tuple[int, int, DraftRequest]:
+    def draft_request(self) -> tuple[int, int, DraftRequest]:
         """(K asked for, cache room, the drafter's request) for the next step."""
         assert not self.done, "generation already finished"
         remaining = self.max_new_tokens - len(self.new_tokens)
@@ -129,7 +129,7 @@ class Generation:
         k = min(self.draft_length.next_k(), reach)
         return k, room, DraftRequest(self.draft_state, self.tokens, k, self.sampling, self.generator, reach)
 
-    def lay_out(self, k: int, room: int, draft: Draft, draft_time: float) -> PassPlan:
+    def lay_out(self, k: int, room: int, draft: Draft, draft_time: float) -> PassLayout:
         """The target pass that verifies `draft`: inputs, positions and mask."""
         draft = draft.fitted(room)
         root = len(self.tokens) - 1  # the newest token: its position and its cache slot
@@ -140,19 +140,19 @@ class Generation:
         inputs = [self.tokens[-1], *draft.tokens, *draft.aux_tokens]
         parents = draft.parents if draft.parents is not None else chain_parents(len(draft.tokens))
         if draft.is_chain:  # the backend's causal default
-            return PassPlan(k, root, draft, inputs, None, None, parents, draft_time)
+            return PassLayout(k, root, draft, inputs, None, None, parents, draft_time)
         mask, offsets = pass_layout(parents, draft.aux_offsets, draft.aux_mask)  # [n, n], [n]
         device = self.target.device
         cached = torch.ones(len(inputs), self.cache.length, dtype=torch.bool, device=device)  # the prefix
-        return PassPlan(k, root, draft, inputs, [root + o for o in offsets],
+        return PassLayout(k, root, draft, inputs, [root + o for o in offsets],
                         torch.cat([cached, mask.to(device)], dim=1), parents, draft_time, kept=kept)
 
-    def complete(self, plan: PassPlan, output: PassOutput) -> StepRecord:
-        """Verify the draft with the target's logits [n, V] for plan.inputs; accept, roll back, emit."""
+    def complete(self, layout: PassLayout, output: PassOutput) -> StepRecord:
+        """Verify the draft with the target's logits [n, V] for layout.inputs; accept, roll back, emit."""
         start = time.perf_counter()
-        draft, root = plan.draft, plan.root
+        draft, root = layout.draft, layout.root
         m = len(draft.tokens)
-        verdict: Verdict = verify_tree(draft.tokens, plan.parents, output.logits[: m + 1], self.sampling,
+        verdict: Verdict = verify_tree(draft.tokens, layout.parents, output.logits[: m + 1], self.sampling,
                                        self.generator, draft.probs)
         emitted = self._emit([*(draft.tokens[i] for i in verdict.path), verdict.next_token])
         # Row 0 (the root) predicted the first proposed token, the row of each accepted node the next.
@@ -165,19 +165,19 @@ class Generation:
             rows = [0, *(1 + i for i in verdict.path)]  # where the target predicted each emitted token
             hidden = output.hidden[rows] if output.hidden is not None else None
             aux = output.logits[m + 1 :] if draft.aux_tokens else None
-            path = verdict.path if plan.kept is None else [plan.kept[i] for i in verdict.path]  # the drafter's indices
+            path = verdict.path if layout.kept is None else [layout.kept[i] for i in verdict.path]  # drafter's indices
             self.drafter.update(self.draft_state, StepOutcome(self.tokens, path, hidden, aux))
         else:
             self.cache.truncate(0)  # finished: free its entries now (a pooled backend hands them to the next)
         record = StepRecord(
-            k=plan.k,
+            k=layout.k,
             draft_tokens=list(draft.tokens),
             accepted=len(verdict.path),
             next_token=verdict.next_token,
             bonus=verdict.bonus,
             emitted=emitted,
-            draft_time=plan.draft_time,
-            verify_time=plan.verify_time + time.perf_counter() - start,
+            draft_time=layout.draft_time,
+            verify_time=layout.verify_time + time.perf_counter() - start,
             tree_depth=None if draft.parents is None else max(depths(draft.parents), default=0),
             logprobs=logprobs,
         )
@@ -229,31 +229,31 @@ def step(generations: list[Generation]) -> list[StepRecord | None]:
     """One step of every generation: draft all, one target pass per backend, complete each.
     Returns each one's record; None for one that failed in this step (see Generation.error)."""
     assert not any(g.done for g in generations), "generation already finished"
-    plans: dict[int, PassPlan] = {}
+    layouts: dict[int, PassLayout] = {}
     for drafter, group in _grouped(generations, lambda g: g.drafter):
         start = time.perf_counter()
-        asked = _each(group, lambda g: g.plan_request())
+        asked = _each(group, lambda g: g.draft_request())
         drafts = _isolated([g for g in group if not g.done],
                            lambda gs: drafter.propose([asked[id(g)][2] for g in gs]))
         elapsed = time.perf_counter() - start
         for g in group:
             if id(g) in drafts:
                 k, room, _ = asked[id(g)]
-                plans.update(_each([g], lambda g: g.lay_out(k, room, drafts[id(g)], elapsed)))
+                layouts.update(_each([g], lambda g: g.lay_out(k, room, drafts[id(g)], elapsed)))
     outputs: dict[int, PassOutput] = {}
     for target, group in _grouped([g for g in generations if not g.done], lambda g: g.target):
         start = time.perf_counter()
         outputs.update(_isolated(group, lambda gs: target.forward(
-            [SeqPass(g.cache, plans[id(g)].inputs, plans[id(g)].positions, plans[id(g)].mask,
+            [SeqPass(g.cache, layouts[id(g)].inputs, layouts[id(g)].positions, layouts[id(g)].mask,
                      hidden=g.drafter.needs_hidden, taps=g.drafter.taps) for g in gs]),
             rewind=lambda g: g.cache.truncate(len(g.tokens) - 1)))  # the cache holds all but the newest token
         elapsed = time.perf_counter() - start
         for g in group:
-            plans[id(g)].verify_time = elapsed
+            layouts[id(g)].verify_time = elapsed
     records: dict[int, object] = {}
     for g in generations:
         if id(g) in outputs:
-            records.update(_each([g], lambda g: g.complete(plans[id(g)], outputs[id(g)])))
+            records.update(_each([g], lambda g: g.complete(layouts[id(g)], outputs[id(g)])))
     return [records.get(id(g)) for g in generations]
 
 

@@ -13,8 +13,8 @@ import torch
 from quickdraft import Decoder
 from quickdraft.backends.hf import HFBackend
 from quickdraft.backends.native import NativeBackend
-from quickdraft.backends.shapes import (ROW_GRID, fastest_at_or_above, measure_pad_plan, measure_pass_costs,
-                                       measure_row_plan)
+from quickdraft.backends.shapes import (ROW_GRID, fastest_at_or_above, measure_pad_sizes, measure_pass_costs,
+                                       measure_row_kernels)
 from quickdraft.models.linear import Kernel, apply_linear
 from quickdraft.models.native import NativeWeights
 
@@ -46,25 +46,25 @@ def test_the_fastest_shape_at_or_above_each_row_count():
     assert fastest_at_or_above(costs, (1, 2, 4)) == {1: (False, 1), 2: (True, 4), 3: (True, 4), 4: (True, 4)}
 
 
-def test_the_row_plan_is_measured_once_then_read_from_its_file(tmp_path):
+def test_the_row_kernels_are_measured_once_then_read_from_their_file(tmp_path):
     weights = NativeWeights.from_model(tiny_llama(seed=1), "fp32")
-    plan = measure_row_plan(weights, tmp_path, progress=False)
+    kernels = measure_row_kernels(weights, tmp_path, progress=False)
     [saved] = list(tmp_path.glob("*.json"))
     data = json.loads(saved.read_text())
     assert sorted(map(int, data["choice"])) == list(range(1, ROW_GRID[-1] + 1))
-    assert all(isinstance(kernel, Kernel) and (kernel.rows == 0 or kernel.rows > n) for n, kernel in plan.items())
+    assert all(isinstance(kernel, Kernel) and (kernel.rows == 0 or kernel.rows > n) for n, kernel in kernels.items())
     data["choice"] = {str(n): [False, 16] for n in range(1, 17)}  # as if this machine had measured that
     saved.write_text(json.dumps(data))
-    assert measure_row_plan(weights, tmp_path, progress=False) == {n: Kernel(False, 16) for n in range(1, 17)}
+    assert measure_row_kernels(weights, tmp_path, progress=False) == {n: Kernel(False, 16) for n in range(1, 17)}
     # Nothing to choose for bf16: its column layout already pads every pass to 16 rows.
-    assert measure_row_plan(NativeWeights.from_model(tiny_llama(seed=1), "bf16"), tmp_path, progress=False) == {}
+    assert measure_row_kernels(NativeWeights.from_model(tiny_llama(seed=1), "bf16"), tmp_path, progress=False) == {}
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
-def test_a_forced_plan_changes_no_logit_and_no_token(tiny_target, precision):
+def test_forced_row_kernels_change_no_logit_and_no_token(tiny_target, precision):
     weights = NativeWeights.from_model(tiny_target, precision)
-    plain, padded = NativeBackend(weights, "t"), NativeBackend(weights, "t", plan={n: Kernel(False, 16)
-                                                                                     for n in range(1, 17)})
+    plain, padded = NativeBackend(weights, "t"), NativeBackend(weights, "t", row_kernels={n: Kernel(False, 16)
+                                                                                            for n in range(1, 17)})
     tokens = [5, 1, 4, 1, 5, 9, 2, 6]
     for n in (1, 3, 8):
         a, b = Seq(plain).forward(tokens[:n]), Seq(padded).forward(tokens[:n])
@@ -72,13 +72,13 @@ def test_a_forced_plan_changes_no_logit_and_no_token(tiny_target, precision):
     target = loaded(tiny_target, "t")
     reference = Decoder(target, None, "none", precision=precision, measure_shapes=False)
     decoder = Decoder(target, None, "prompt-lookup", 4, precision=precision, measure_shapes=False)
-    decoder.target_backend.plan = padded.plan  # this decoder's backend (not shared: measure_shapes=False)
+    decoder.target_backend.row_kernels = padded.row_kernels  # this decoder's backend (not shared: measure_shapes=False)
     prompt = [1, 2, 3, 1, 2, 3, 1]
     assert decoder.generate(prompt, 30).token_ids == reference.generate(prompt, 30).token_ids
 
 
 def test_the_transformers_backend_pads_passes_and_keeps_its_cache_exact(tiny_target, tmp_path):
-    plain, padded = HFBackend(tiny_target, "t"), HFBackend(tiny_target, "t", plan={1: 4, 2: 4, 3: 8})
+    plain, padded = HFBackend(tiny_target, "t"), HFBackend(tiny_target, "t", pad_to={1: 4, 2: 4, 3: 8})
     a, b = Seq(plain), Seq(padded)
     for tokens in ([1, 2, 3, 4, 5], [6], [7, 8], [9, 10, 11]):
         assert torch.allclose(a.forward(tokens), b.forward(tokens), atol=1e-5)
@@ -88,8 +88,8 @@ def test_the_transformers_backend_pads_passes_and_keeps_its_cache_exact(tiny_tar
     positions = [a.length, a.length + 1, a.length + 1]
     assert torch.allclose(a.forward([3, 4, 5], positions=positions, mask=mask),
                           b.forward([3, 4, 5], positions=positions, mask=mask), atol=1e-5)
-    plan = measure_pad_plan(plain, tmp_path, progress=False)
-    assert all(size > n for n, size in plan.items()) and list(tmp_path.glob("*.json"))
+    sizes = measure_pad_sizes(plain, tmp_path, progress=False)
+    assert all(size > n for n, size in sizes.items()) and list(tmp_path.glob("*.json"))
 
 
 def test_trees_read_in_place_only_below_fp32_where_the_check_passed_and_it_is_cached(tmp_path):

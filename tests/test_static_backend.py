@@ -215,8 +215,8 @@ def test_the_engine_cuts_a_tree_at_the_backends_window(tiny_target):
     generation = Generation(backend, NoDrafter(), list(range(1, 8)), draft_length=FixedK(3), max_new_tokens=10,
                             sampling=SamplingParams(), generator=torch.Generator())
     tree = Draft([10, 11, 12, 13], None, [-1, -1, 0, 2])
-    plan = generation.lay_out(3, 100, tree, 0.0)
-    assert plan.draft.tokens == [10, 11] and plan.kept == [0, 1] and plan.positions == [6, 7, 7]
+    layout = generation.lay_out(3, 100, tree, 0.0)
+    assert layout.draft.tokens == [10, 11] and layout.kept == [0, 1] and layout.positions == [6, 7, 7]
     chain = generation.lay_out(3, 100, Draft([10, 11, 12]), 0.0)  # chains cross freely: exact either way
     assert chain.draft.tokens == [10, 11, 12] and chain.kept is None
 

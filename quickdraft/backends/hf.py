@@ -13,7 +13,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from quickdraft.backends.base import PassOutput, SeqPass, check_passes, logit_rows, tapped_layers
 from quickdraft.models.precision import precision_of
 
-PadPlan = dict[int, int]  # tokens in a pass -> tokens actually run (padding after them; measured faster)
+PadSizes = dict[int, int]  # tokens in a pass -> tokens actually run (padding after them; measured faster)
 
 
 class HFCache:
@@ -44,13 +44,13 @@ class HFCache:
 
 class HFBackend:
     """A transformers causal LM. cache_config: the layout caches follow (a layer-subset view writes
-    the full model's slots). plan: pad passes of some sizes to a size this machine runs faster."""
+    the full model's slots). pad_to: pad passes of some sizes to a size this machine runs faster."""
 
     def __init__(self, model: PreTrainedModel, name: str, tokenizer: PreTrainedTokenizerBase | None = None,
-                 eos_ids: frozenset[int] = frozenset(), cache_config=None, plan: PadPlan | None = None) -> None:
+                 eos_ids: frozenset[int] = frozenset(), cache_config=None, pad_to: PadSizes | None = None) -> None:
         self.model = model.eval()
         self.name, self.tokenizer, self.eos_ids = name, tokenizer, eos_ids
-        self.plan: PadPlan = plan or {}
+        self.pad_to: PadSizes = pad_to or {}
         self._cache_config = cache_config if cache_config is not None else model.config
         config = model.config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -73,7 +73,7 @@ class HFBackend:
     def _one(self, p: SeqPass) -> PassOutput:
         cache, n = p.cache, len(p.tokens)
         tokens, positions, mask = p.tokens, p.positions, p.mask
-        padded = self.plan.get(n, n)
+        padded = self.pad_to.get(n, n)
         if padded > n and cache.length + padded <= self.max_length:
             tokens, positions, mask = _pad(cache.length, tokens, positions, mask, padded, self.device)
         extra = {}

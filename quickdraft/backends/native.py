@@ -21,7 +21,7 @@ from quickdraft.models.native import Attention, NativeWeights, rms_norm
 from quickdraft.models.row_attention import KEY_CHUNK, group_keys, row_groups, row_invariant_attention
 from quickdraft.models.rotary import RotaryTable, rotate
 
-RowPlan = dict[int, Kernel]  # rows in a pass -> how its linear layers compute them (absent: packed, unpadded)
+RowKernels = dict[int, Kernel]  # rows in a pass -> how its linear layers compute them (absent: packed, unpadded)
 
 
 class NativeBackend:
@@ -31,10 +31,10 @@ class NativeBackend:
 
     def __init__(self, weights: NativeWeights, name: str, tokenizer: PreTrainedTokenizerBase | None = None,
                  eos_ids: frozenset[int] = frozenset(), layers: list[int] | None = None,
-                 plan: RowPlan | None = None, in_place_trees: bool = False) -> None:
+                 row_kernels: RowKernels | None = None, in_place_trees: bool = False) -> None:
         self.weights, self.name, self.tokenizer, self.eos_ids = weights, name, tokenizer, eos_ids
         self.layer_ids = list(range(len(weights.layers))) if layers is None else list(layers)
-        self.plan: RowPlan = plan or {}
+        self.row_kernels: RowKernels = row_kernels or {}
         # Below fp32: tree rows read the cache in place where this machine's kernel keeps them exact
         # (backends/shapes.py check_in_place_trees), else they gather their keys.
         self.in_place_trees = in_place_trees
@@ -121,12 +121,12 @@ class NativeBackend:
         """linear(x) [N, in] -> [N, out]; prompt: which rows are prompt rows (bool [N], True: all,
         None: none), widened where the layer can (RowLinear) and widen_prompts says so."""
         if prompt is None or not isinstance(linear, RowLinear):
-            return apply_linear(linear, x, self.plan.get(x.shape[0]))
+            return apply_linear(linear, x, self.row_kernels.get(x.shape[0]))
         if prompt is True:
             return linear.widened(x)
         y = x.new_empty(x.shape[0], linear.out_features)
         y[prompt] = linear.widened(x[prompt])
-        y[~prompt] = apply_linear(linear, x[~prompt], self.plan.get(int((~prompt).sum())))
+        y[~prompt] = apply_linear(linear, x[~prompt], self.row_kernels.get(int((~prompt).sum())))
         return y
 
     def _prompt_rows(self, passes: list[SeqPass], sizes: list[int]) -> torch.Tensor | bool | None:

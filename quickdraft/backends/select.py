@@ -24,9 +24,9 @@ from quickdraft.backends.shapes import (
     check_in_place_trees,
     measure_dense_kernel,
     measure_prompt_kernel,
-    measure_pad_plan,
+    measure_pad_sizes,
     measure_pass_costs,
-    measure_row_plan,
+    measure_row_kernels,
 )
 from quickdraft.backends.kinds import (
     AUTO,
@@ -289,14 +289,14 @@ def make_backend(loaded: LoadedModel, kind: str = AUTO, precision: str = "fp32",
         whole = make_backend(loaded, kind, precision, str(device), None, measure, cache_dir, kernel_rows=kernel_rows)
     if native:
         if layers is not None:
-            backend = NativeBackend(whole.weights, loaded.name, loaded.tokenizer, loaded.eos_ids, layers, whole.plan,
-                                    whole.in_place_trees)
+            backend = NativeBackend(whole.weights, loaded.name, loaded.tokenizer, loaded.eos_ids, layers,
+                                    whole.row_kernels, whole.in_place_trees)
             backend.widen_prompts = whole.widen_prompts
         else:
             weights = native_weights(loaded, precision, device, folder if measure else None, kernel_rows=kernel_rows)
             backend = NativeBackend(weights, loaded.name, loaded.tokenizer, loaded.eos_ids)
             if measure:
-                backend.plan = measure_row_plan(weights, folder)
+                backend.row_kernels = measure_row_kernels(weights, folder)
                 backend.in_place_trees = check_in_place_trees(weights, folder)
                 # bf16 one row at a time (a CPU without bf16 arithmetic): prompts may go faster widened.
                 backend.widen_prompts = (isinstance(weights.layers[0].qkv, RowLinear)
@@ -311,11 +311,11 @@ def make_backend(loaded: LoadedModel, kind: str = AUTO, precision: str = "fp32",
         if layers is not None:
             # The view's cache uses the full model's layout: each kept layer writes its own slot.
             backend = HFBackend(layer_subset_model(model, layers), loaded.name, loaded.tokenizer,
-                                loaded.eos_ids, cache_config=model.config, plan=whole.plan)
+                                loaded.eos_ids, cache_config=model.config, pad_to=whole.pad_to)
         else:
             backend = HFBackend(model, loaded.name, loaded.tokenizer, loaded.eos_ids)
             if measure:
-                backend.plan = measure_pad_plan(backend, folder)
+                backend.pad_to = measure_pad_sizes(backend, folder)
     loaded.backends[key] = backend
     return backend
 

@@ -110,7 +110,7 @@ def wall_ms(run: Callable[[], object]) -> float:
     return 1000 * (time.perf_counter() - start)
 
 
-def measure_row_plan(weights, folder: Path | None, progress: bool = True) -> dict[int, Kernel]:
+def measure_row_kernels(weights, folder: Path | None, progress: bool = True) -> dict[int, Kernel]:
     """The native backend's Kernel per row count: packed or plain kernel (fp32), padded or not.
     Empty where there is nothing to choose: bf16's column layout already pads to 16 rows, and
     bf16 one row at a time costs n one-row products whatever the padding."""
@@ -148,7 +148,7 @@ def measure_row_plan(weights, folder: Path | None, progress: bool = True) -> dic
     return {int(n): Kernel(bool(packed), int(rows)) for n, (packed, rows) in choice.items() if (packed, rows) != (True, 0)}
 
 
-def measure_pad_plan(backend, folder: Path | None, progress: bool = True) -> dict[int, int]:
+def measure_pad_sizes(backend, folder: Path | None, progress: bool = True) -> dict[int, int]:
     """The transformers backend's token count to run for each pass size (padding after the real tokens)."""
     from quickdraft.backends.base import SeqPass
 
