@@ -1,7 +1,7 @@
 """What a verify pass costs on the llama.cpp backend: chains of n tokens, and token trees of n nodes
 (view sequence ids, docs/llama-cpp.md) against a chain of the same size, in one run.
 
-The cost model starts from these costs (backends/shapes.py measure_pass_costs times the chains
+The cost model starts from these costs (backends/kernel_timing.py measure_pass_costs times the chains
 once per machine); the tree rows show what the views cost on top of the same number of tokens.
 
 Run:  .venv/bin/python benchmarks/llama_cpp_passes.py [--context 128] [--rounds 15]

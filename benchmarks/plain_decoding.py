@@ -5,7 +5,7 @@ shapes with the default target's vocabulary, made here and never shipped.
 - transformers as its docs run it: `from_pretrained(dtype=bfloat16)`, then `generate` (greedy).
 - quickdraft as `quickdraft generate --method none --precision bf16 --backend native` loads it:
   `quickdraft.load(..., measure_shapes=True)`, which picks this machine's faster bf16 product
-  (backends/shapes.py: bf16 matrix columns, or one row at a time where the CPU has no bf16
+  (backends/kernel_timing.py: bf16 matrix columns, or one row at a time where the CPU has no bf16
   arithmetic) and times pass shapes, once per machine and file (kept in a cache made for the run).
 
 Each process decodes one token first (warm-up: lazily made buffers, the first pass's page faults),

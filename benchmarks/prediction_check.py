@@ -25,7 +25,7 @@ from pathlib import Path
 
 import quickdraft
 from quickdraft.analysis import speedup_from_steps
-from quickdraft.backends.shapes import measure_pass_costs
+from quickdraft.backends.kernel_timing import measure_pass_costs
 from quickdraft.bench.prompts import default_prompt_file, read_prompt_file
 
 

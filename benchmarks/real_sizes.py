@@ -45,7 +45,7 @@ from quickdraft.analysis import (best_k, cost_at_threads, padded_costs, pass_cos
                                  speedup_from_steps)
 from quickdraft.backends.llama_cpp import ROW_INVARIANT_ROWS, LlamaCppBackend
 from quickdraft.backends.select import make_backend
-from quickdraft.backends.shapes import DECODE_ROWS, VERIFY_ROWS
+from quickdraft.backends.kernel_timing import DECODE_ROWS, VERIFY_ROWS
 from quickdraft.models import default_gguf_path
 from quickdraft.models.loading import load_model
 from quickdraft.models.random_gguf import GgufShape, quantize_gguf, random_gguf

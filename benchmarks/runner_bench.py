@@ -4,7 +4,7 @@ and without them, next to the bandwidth floor.
 For 1, 2, 4, 8 and 16 tokens per pass at context 128 and 1024 it times a pass (median of
 --repeats, cache rolled back after each), then plain decoding tokens/s, all in one process on
 the embedded default target. Every backend runs twice: with the pass shapes it measured at load
-on this machine (the default; backends/shapes.py) and with the fixed choice (the packed kernel,
+on this machine (the default; backends/kernel_timing.py) and with the fixed choice (the packed kernel,
 no padding). The transformers backend's measured choice pads small passes instead.
 
     python benchmarks/runner_bench.py --output bench-out/runner

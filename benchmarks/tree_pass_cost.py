@@ -61,7 +61,7 @@ def main() -> None:
         mask = torch.cat([torch.ones(n, args.context, dtype=torch.bool), tree_mask(parents)], dim=1)
         return SeqPass(cache, [7] * n, positions=[args.context + d for d in [0, *depths(parents)]], mask=mask)
 
-    in_place = backend.in_place_trees  # what this machine's check allowed (backends/shapes.py)
+    in_place = backend.in_place_trees  # what this machine's check allowed (backends/kernel_timing.py)
     kinds = [("chain", chain, False), ("tree", tree, False)] + ([("tree in place", tree, True)] if in_place else [])
     cases = [("one", 1, lambda n: SeqPass(cache, [7]), False)] + [(kind, n, make, place) for n in sizes
                                                                  for kind, make, place in kinds]

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from quickdraft.backends.kernel_timing import DECODE_ROWS, VERIFY_ROWS
 from quickdraft.backends.kinds import AUTO
-from quickdraft.backends.shapes import DECODE_ROWS, VERIFY_ROWS
 from quickdraft.backends.select import (
     auto_verdict,
     choose_backend,

@@ -17,7 +17,7 @@ from quickdraft.backends.choice import (
     planned_verdict,
 )
 from quickdraft.backends.llama_cpp import llama_cpp_installed
-from quickdraft.backends.shapes import read_choice, write_choice
+from quickdraft.measured import read_choice, write_choice
 
 SIGNATURE = {"choice": "test", "file": "f"}
 QUIET_TRUE = Timings([12.0, 11.5, 12.2, 11.9, 12.4, 12.0, 11.8, 12.1, 12.3], [40.0] * 9, cpu_share=0.97)

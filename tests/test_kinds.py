@@ -115,7 +115,7 @@ def test_a_draft_runs_beside_its_target_where_it_can():
 def test_plan_and_the_loader_choose_the_same_backend(tmp_path, capsys, verdict):
     from quickdraft import Decoder
     from quickdraft.backends.select import choice_signature, shapes_folder
-    from quickdraft.backends.shapes import write_choice
+    from quickdraft.measured import write_choice
     from quickdraft.cli import planned_choice
     from quickdraft.memory import read_shape
     from quickdraft.models.loading import load_model

@@ -19,7 +19,7 @@ from quickdraft import Decoder
 from quickdraft.backends.base import SeqPass
 from quickdraft.backends.llama_cpp import DEFAULT_CELLS, LlamaCppBackend, llama_cpp_installed
 from quickdraft.backends.select import make_backend
-from quickdraft.backends.shapes import read_choice
+from quickdraft.measured import read_choice
 from quickdraft.errors import QuickdraftError
 from quickdraft.models import default_gguf_path
 from quickdraft.models.loading import file_key, load_model

@@ -231,8 +231,8 @@ def test_a_draft_model_takes_the_bf16_kernel_of_one_token_passes_the_target_that
     cost as much for 1 row as for 16), the target keeps the kernel chosen for verify passes whatever
     its method, so plain decoding has speculation's bits; a draft model, whose bits never reach the
     output, takes the kernel chosen for the one-token passes it drafts with."""
-    from quickdraft.backends.shapes import (DECODE_ROWS, DENSE_QUESTION, FIRST_LAYER, VERIFY_ROWS, bf16_signature,
-                                            write_choice)
+    from quickdraft.backends.kernel_timing import DECODE_ROWS, DENSE_QUESTION, FIRST_LAYER, VERIFY_ROWS, bf16_signature
+    from quickdraft.measured import write_choice
     from quickdraft.models.linear import ColumnLinear, RowLinear
 
     folder = tmp_path / "pass_shapes"  # this machine's choices, made to differ by pass size

@@ -1,6 +1,6 @@
 """Backends: what runs a model for the engine. One protocol (base.py), one KV cache (kv_cache.py),
 the native backend (native.py), the transformers backend (hf.py), and the choice between them
-(select.py), with pass shapes measured per machine (shapes.py)."""
+(select.py), with kernels and passes timed per machine (kernel_timing.py)."""
 
 from quickdraft.backends.base import Backend, Cache, PassOutput, SeqPass
 from quickdraft.backends.kv_cache import KVCache

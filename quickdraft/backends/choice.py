@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from quickdraft.backends.base import Backend, SeqPass
-from quickdraft.backends.shapes import COST_CONTEXT, QUIET, CpuShare, forget_choice, read_choice, write_choice
+from quickdraft.backends.kernel_timing import COST_CONTEXT
+from quickdraft.measured import QUIET, CpuShare, forget_choice, read_choice, write_choice
 
 ROUNDS = 9  # timed pairs (after one warm-up pair): a few seconds on a 135M model
 MARGIN = 0.8  # native must take at most this share of llama.cpp's time in a pair to count as a win

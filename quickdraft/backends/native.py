@@ -36,10 +36,10 @@ class NativeBackend:
         self.layer_ids = list(range(len(weights.layers))) if layers is None else list(layers)
         self.row_kernels: RowKernels = row_kernels or {}
         # Below fp32: tree rows read the cache in place where this machine's kernel keeps them exact
-        # (backends/shapes.py check_in_place_trees), else they gather their keys.
+        # (backends/kernel_timing.py check_in_place_trees), else they gather their keys.
         self.in_place_trees = in_place_trees
         self.time_passes = None  # backends/select.py: times pass_ms when first read
-        # Prompt rows through RowLinear.widened (bf16 one row at a time otherwise), where backends/shapes.py
+        # Prompt rows through RowLinear.widened (bf16 one row at a time otherwise), where backends/kernel_timing.py
         # measured it faster on this machine: the same for every prompt (SeqPass.prompt).
         self.widen_prompts = False
         self.vocab_size = weights.lm_head.out_features

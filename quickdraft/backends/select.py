@@ -15,17 +15,13 @@ from transformers import PretrainedConfig
 from quickdraft.backends.base import Backend
 from quickdraft.backends.choice import BackendChoice, Timings, cached_backend_choice, observe, time_pairs
 from quickdraft.backends.hf import HFBackend
-from quickdraft.backends.llama_cpp import LlamaCppBackend, llama_cpp_installed
-from quickdraft.backends.native import NativeBackend
-from quickdraft.backends.static import StaticBackend
-from quickdraft.backends.shapes import (
+from quickdraft.backends.kernel_timing import (
     VERIFY_ROWS,
-    cached_choice,
     check_in_place_trees,
     measure_dense_kernel,
-    measure_prompt_kernel,
     measure_pad_sizes,
     measure_pass_costs,
+    measure_prompt_kernel,
     measure_row_kernels,
 )
 from quickdraft.backends.kinds import (
@@ -43,7 +39,11 @@ from quickdraft.backends.kinds import (
     static_supports,
     traits_of,
 )
+from quickdraft.backends.llama_cpp import LlamaCppBackend, llama_cpp_installed
+from quickdraft.backends.native import NativeBackend
+from quickdraft.backends.static import StaticBackend
 from quickdraft.errors import QuickdraftError
+from quickdraft.measured import cached_choice
 from quickdraft.memory import GIB, available_memory, backend_weight_bytes, human, shape_from_config
 from quickdraft.models.layer_subset import layer_subset_model
 from quickdraft.models.linear import RowLinear

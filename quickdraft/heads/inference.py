@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from quickdraft.backends.shapes import REPEATS, cached_choice, wall_ms
+from quickdraft.measured import REPEATS, cached_choice, wall_ms
 from quickdraft.models.quantized_linear import quantized_linear
 
 DRAFT_KERNELS = ("int8", "int4")

@@ -6,7 +6,7 @@ speculative decoding it costs as much as the arithmetic; in bf16 oneDNN's AMX ke
 their own blocked layout. Measured on an Intel Xeon over the default target's 121 weights
 (cold caches): fp32, 8 rows 57 -> 38 ms; bf16, 1 to 16 rows 25 -> 18 ms (docs/bench/history.md, issue 4).
 Which kernel wins at a given row count differs from CPU to CPU, so the backend measures it
-at load (backends/shapes.py) and passes its choice in as a Kernel.
+at load (backends/kernel_timing.py) and passes its choice in as a Kernel.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ class NativeWeights:
         int4 takes a GGUF file's own 4-bit blocks where it has them (no second rounding).
         `device`: where every weight lives (int8/int4 kernels: CPU only).
         `dense_kernel` (bf16 only): "bf16" multiplies rows as bf16 matrix columns (ColumnLinear);
-        "rows" one row at a time (RowLinear), for CPUs without bf16 arithmetic (backends/shapes.py
+        "rows" one row at a time (RowLinear), for CPUs without bf16 arithmetic (backends/kernel_timing.py
         measures which is faster); "fp32" widens the weights to fp32 (twice the memory); "linear" (any dense
         precision): plain F.linear, as the static backend's fixed shapes want."""
         if not supports(config):

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from quickdraft.backends.shapes import cached_choice, wall_ms
+from quickdraft.measured import cached_choice, wall_ms
 
 PRECISIONS = ("fp32", "bf16")
 TIMED_STEPS = 3  # per precision, interleaved, after one warm-up each

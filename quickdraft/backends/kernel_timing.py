@@ -1,4 +1,5 @@
-"""Pass shapes chosen per machine: measured once at load, cached on disk, used for every pass.
+"""Kernels and pass costs timed per machine: measured once at load, kept on disk
+(quickdraft/measured.py), used for every pass.
 
 Which kernel is fastest for a pass of n rows differs between CPUs: on an AMD EPYC a one-token
 fp32 pass through MKL's gemv path took twice as long as a four-token pass through oneDNN's
@@ -6,108 +7,33 @@ packed kernel, on an Intel Xeon the reverse. So a backend times its own layers a
 counts, both ways where it has two kernels, with and without padding to a larger row count,
 and keeps the fastest for each count. Padding adds rows after the real ones that no real row
 reads, so the choice changes speed, never a real row's arithmetic (at fp32 the two kernels
-may round differently in the last bits, as any two fp32 kernels do).
+may round differently in the last bits, as any two fp32 kernels do). Also timed here: which bf16
+kernel multiplies faster, whether prompt rows go faster widened, whether tree rows may read the
+cache in place, and what a whole pass of n tokens costs (the cost model's prior).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from tqdm import tqdm
 
 from quickdraft.backends.kinds import HF, NATIVE
+from quickdraft.measured import QUIET, REPEATS, CpuShare, cached_choice, read_choice, wall_ms, write_choice
 from quickdraft.models.linear import ColumnLinear, Kernel, PackedLinear, RowLinear, apply_linear
 
 ROW_GRID = (1, 2, 3, 4, 5, 6, 8, 12, 16)  # row counts timed; counts between take the next one up
 PAD_GRID = (1, 2, 3, 4, 6, 8)  # token counts timed for the transformers backend
-REPEATS = 5  # rounds over every case; the median of each case's rounds counts
-
-
-def machine_key() -> str:
-    """What decides kernel speed here: the processor (name and feature flags), torch, threads."""
-    cpu = platform.machine()
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-        names = [line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(("model name", "flags"))]
-        cpu += "|" + "|".join(dict.fromkeys(names))
-    except OSError:
-        cpu += "|" + platform.processor()
-    if torch.cuda.is_available():
-        cpu += "|" + torch.cuda.get_device_name()
-    return f"{cpu}|torch {torch.__version__}|threads {torch.get_num_threads()}"
-
-
-def _choice_path(folder: Path | None, signature: dict) -> tuple[Path | None, str]:
-    """The JSON file that keeps a choice for this machine and signature, and the signature's text."""
-    text = json.dumps({"machine": machine_key(), **signature}, sort_keys=True)
-    path = None if folder is None else folder / f"{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
-    return path, text
-
-
-def read_choice(folder: Path | None, signature: dict) -> Any:
-    """The choice kept for this machine and signature, or None (none kept, or unreadable)."""
-    path, _ = _choice_path(folder, signature)
-    if path is not None and path.is_file():
-        try:
-            return json.loads(path.read_text())["choice"]
-        except (ValueError, KeyError, OSError):
-            pass  # unreadable: measure again
-    return None
-
-
-def write_choice(folder: Path | None, signature: dict, choice: Any) -> None:
-    """Keep a choice for this machine and signature (a read-only cache only costs a measurement)."""
-    path, text = _choice_path(folder, signature)
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"signature": json.loads(text), "choice": choice}, indent=1))
-        except OSError:
-            pass
-
-
-def forget_choice(folder: Path | None, signature: dict) -> bool:
-    """Drop a kept choice, so the next load measures again. True if one was dropped."""
-    path, _ = _choice_path(folder, signature)
-    try:
-        path.unlink()
-        return True
-    except (AttributeError, OSError):
-        return False
-
-
-def cached_choice(folder: Path | None, signature: dict, measure: Callable[[], Any]) -> Any:
-    """measure() once per machine and signature; later loads read the JSON file it left."""
-    choice = read_choice(folder, signature)
-    if choice is None:
-        choice = measure()
-        write_choice(folder, signature, choice)
-    return choice
 
 
 def fastest_at_or_above(costs: dict[tuple, float], grid: tuple[int, ...]) -> dict[int, tuple]:
     """For every n up to the grid's top: the cheapest measured (way, rows) with rows >= n."""
     return {n: min((key for key in costs if key[-1] >= n), key=lambda key: (costs[key], key[-1]))
             for n in range(1, grid[-1] + 1)}
-
-
-def wall_ms(run: Callable[[], object]) -> float:
-    """Wall milliseconds of run(), GPU work included (a GPU runs queued work after the call returns)."""
-    sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
-    sync()
-    start = time.perf_counter()
-    run()
-    sync()
-    return 1000 * (time.perf_counter() - start)
 
 
 def measure_row_kernels(weights, folder: Path | None, progress: bool = True) -> dict[int, Kernel]:
@@ -257,19 +183,6 @@ def _shape(linear) -> tuple[int, int]:
 
 
 COST_GRID = (1, 2, 4, 8, 16)  # tokens per pass timed for the cost model's prior
-QUIET = 0.75  # our threads' CPU seconds / (wall seconds x threads) below this: the machine was busy
-
-
-class CpuShare:
-    """The share of `threads` cores this process got from its making to share(): CPU seconds over
-    wall seconds times threads (1: the cores were ours; under QUIET: other work had them)."""
-
-    def __init__(self, threads: int) -> None:
-        self.threads, self.wall, self.cpu = threads, time.perf_counter(), time.process_time()
-
-    def share(self) -> float:
-        wall = max(1e-9, (time.perf_counter() - self.wall) * self.threads)
-        return min(1.0, (time.process_time() - self.cpu) / wall)
 COST_CONTEXT = 128  # cached tokens before the timed pass: a typical prompt
 
 

@@ -12,9 +12,9 @@ import torch
 
 from quickdraft import Decoder
 from quickdraft.backends.hf import HFBackend
+from quickdraft.backends.kernel_timing import (ROW_GRID, fastest_at_or_above, measure_pad_sizes, measure_pass_costs,
+                                              measure_row_kernels)
 from quickdraft.backends.native import NativeBackend
-from quickdraft.backends.shapes import (ROW_GRID, fastest_at_or_above, measure_pad_sizes, measure_pass_costs,
-                                       measure_row_kernels)
 from quickdraft.models.linear import Kernel, apply_linear
 from quickdraft.models.native import NativeWeights
 
@@ -93,7 +93,7 @@ def test_the_transformers_backend_pads_passes_and_keeps_its_cache_exact(tiny_tar
 
 
 def test_trees_read_in_place_only_below_fp32_where_the_check_passed_and_it_is_cached(tmp_path):
-    from quickdraft.backends.shapes import check_in_place_trees
+    from quickdraft.backends.kernel_timing import check_in_place_trees
     from quickdraft.models.row_attention import trees_read_in_place
 
     model = tiny_llama(seed=1)
@@ -133,7 +133,7 @@ def test_pass_costs_timed_while_the_cores_were_busy_are_used_not_kept(tmp_path):
 
 
 def test_the_bf16_kernel_is_measured_once_and_kept(tmp_path):
-    from quickdraft.backends.shapes import measure_dense_kernel
+    from quickdraft.backends.kernel_timing import measure_dense_kernel
     from quickdraft.models.weights import ModuleWeights
 
     source = ModuleWeights(tiny_llama(seed=1))
@@ -145,7 +145,7 @@ def test_the_bf16_kernel_is_measured_once_and_kept(tmp_path):
 
 
 def test_whether_prompts_are_widened_is_measured_once_and_kept(tmp_path):
-    from quickdraft.backends.shapes import measure_prompt_kernel
+    from quickdraft.backends.kernel_timing import measure_prompt_kernel
     from quickdraft.models.weights import ModuleWeights
 
     source = ModuleWeights(tiny_llama(seed=1))
