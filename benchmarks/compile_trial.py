@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import quickdraft
 from quickdraft.backends.select import make_backend
-from quickdraft.models.native import rms_norm
+from quickdraft.models.native_weights import rms_norm
 from quickdraft.models.rotary import rotate
 
 CONTEXT, BUCKET, BLOCK = 100, 256, 16

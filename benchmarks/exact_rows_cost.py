@@ -18,7 +18,7 @@ import time
 from datetime import date
 
 import quickdraft
-from quickdraft.backends.base import SeqPass
+from quickdraft.backends.backend import SeqPass
 from quickdraft.backends.llama_cpp import ROW_INVARIANT_ROWS
 from quickdraft.bench.prompts import default_prompt_file, read_prompt_file
 

@@ -29,11 +29,11 @@ from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from quickdraft import Decoder
-from quickdraft.backends.base import SeqPass
+from quickdraft.backends.backend import SeqPass
 from quickdraft.backends.select import STATIC_ROWS
 from quickdraft.backends.static import StaticBackend
 from quickdraft.models.loading import LoadedModel, load_model
-from quickdraft.models.native import NativeWeights
+from quickdraft.models.native_weights import NativeWeights
 
 SHAPES = {  # configs of public checkpoints (their config.json), weights random here
     "smollm2-1.7b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,

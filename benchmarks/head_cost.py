@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 import quickdraft
-from quickdraft.backends.base import SeqPass
-from quickdraft.drafters.base import DraftRequest, StepOutcome
+from quickdraft.backends.backend import SeqPass
+from quickdraft.drafters.drafter import DraftRequest, StepOutcome
 from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.medusa import MedusaDrafter
 from quickdraft.heads.eagle3 import Eagle3Head

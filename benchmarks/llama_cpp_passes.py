@@ -17,7 +17,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from quickdraft.backends.base import SeqPass
+from quickdraft.backends.backend import SeqPass
 from quickdraft.backends.llama_cpp import LlamaCppBackend
 from quickdraft.models import default_gguf_path
 from quickdraft.tree import pass_layout

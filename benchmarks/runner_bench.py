@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 import quickdraft
-from quickdraft.backends.base import SeqPass
+from quickdraft.backends.backend import SeqPass
 from quickdraft.backends.select import make_backend
 from quickdraft.models.precision import PRECISIONS
 

@@ -306,8 +306,8 @@ def _set_threads(threads: int | None) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from quickdraft.backends.select import resolve_device
-    from quickdraft.training.command import train
     from quickdraft.training.loop import TrainSettings
+    from quickdraft.training.train_command import train
 
     _set_threads(args.threads)
     settings = TrainSettings(steps=args.steps, positions=args.positions, sequences=args.sequences,
@@ -338,7 +338,7 @@ def _one_or_each(values: list[int] | None) -> int | list[int] | None:
 
 def _bench(args: argparse.Namespace) -> int:
     import quickdraft
-    from quickdraft.bench.command import bench
+    from quickdraft.bench.bench_command import bench
     from quickdraft.bench.harness import BenchSettings
 
     _set_threads(args.threads)

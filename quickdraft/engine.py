@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-from quickdraft.backends.base import Backend, PassOutput, SeqPass
+from quickdraft.backends.backend import Backend, PassOutput, SeqPass
 from quickdraft.draft_length import DraftLength
-from quickdraft.drafters.base import Draft, Drafter, DraftRequest, StepOutcome
+from quickdraft.drafters.drafter import Draft, Drafter, DraftRequest, StepOutcome
 from quickdraft.sampling import SamplingParams, token_logprobs
 from quickdraft.stats import Stats, StepRecord
 from quickdraft.text import TextStream

@@ -3,7 +3,7 @@ precision is fastest here) is timed the first time it is needed and read back fr
 after, keyed by this machine (processor name and flags, torch, threads) and a signature of what
 was timed. The backends' kernel and pass timings (backends/kernel_timing.py), auto's backend
 choice (backends/choice.py), the draft heads' kernel (heads/inference.py) and a training run's
-precision (training/precision.py) all keep their answers here.
+precision (training/train_precision.py) all keep their answers here.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from quickdraft.analysis import tree_budget
-from quickdraft.backends.base import Backend
+from quickdraft.backends.backend import Backend
 from quickdraft.drafters import DraftModelDrafter, Drafter, LookaheadDrafter, NoDrafter, PromptLookupDrafter
 from quickdraft.drafters.cross_vocab import CrossVocabDrafter, VocabMap
 from quickdraft.drafters.eagle import EagleDrafter

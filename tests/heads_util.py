@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 
 from quickdraft.heads.config import EagleConfig
-from quickdraft.heads.eagle import EagleHead
+from quickdraft.heads.eagle_head import EagleHead
 from quickdraft.heads.format import write_head
-from quickdraft.heads.medusa import MedusaHeads
+from quickdraft.heads.medusa_heads import MedusaHeads
 from quickdraft.models import LoadedModel
 
 
@@ -40,6 +40,6 @@ def medusa_heads(target: LoadedModel, folder: Path, heads: int = 3) -> Path:
 
 def target_backend(model: torch.nn.Module):
     """The backend `quickdraft train` distils and extracts features on, over a transformers model in memory."""
-    from quickdraft.training.command import feature_decoder
+    from quickdraft.training.train_command import feature_decoder
 
     return feature_decoder(LoadedModel.of(model, None, "t")).target_backend

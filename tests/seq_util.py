@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.backends.base import Backend, SeqPass
+from quickdraft.backends.backend import Backend, SeqPass
 from quickdraft.backends.hf import HFBackend
 from quickdraft.backends.native import NativeBackend
 from quickdraft.backends.static import StaticBackend
-from quickdraft.models.native import NativeWeights
+from quickdraft.models.native_weights import NativeWeights
 
 
 class Seq:

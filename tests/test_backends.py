@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from quickdraft import Decoder
-from quickdraft.backends.base import PassOutput, SeqPass, causal_mask, check_passes, logit_rows
+from quickdraft.backends.backend import PassOutput, SeqPass, causal_mask, check_passes, logit_rows
 from quickdraft.backends.hf import HFBackend
 from quickdraft.backends.kv_cache import KVCache
 from quickdraft.backends.native import NativeBackend
 from quickdraft.drafters import PromptLookupDrafter
 from quickdraft.engine import Generation, prefill, step
 from quickdraft.draft_length import make_draft_length
-from quickdraft.models.native import NativeWeights
+from quickdraft.models.native_weights import NativeWeights
 from quickdraft.sampling import SamplingParams
 
 from conftest import loaded, tiny_llama

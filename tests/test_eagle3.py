@@ -19,7 +19,7 @@ from quickdraft.heads.format import load_eagle
 from quickdraft.training.data import Example
 from quickdraft.training.features import encode_example, extract_features, load_features
 from quickdraft.training.loop import TrainSettings, training_vocabulary
-from quickdraft.training.precision import PRECISIONS
+from quickdraft.training.train_precision import PRECISIONS
 from quickdraft.training.train_eagle3 import train_eagle3, unroll_mask, unrolled_states
 from quickdraft.training.vocab import coverage, draft_vocabulary
 from heads_util import target_backend

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from quickdraft import Decoder
-from quickdraft.backends.base import SeqPass
+from quickdraft.backends.backend import SeqPass
 from quickdraft.draft_length import FixedK
 from quickdraft.engine import Generation, prefill, step
 from quickdraft.sampling import SamplingParams, logits_to_probs

@@ -13,11 +13,11 @@ from transformers import PreTrainedTokenizerFast
 
 from conftest import loaded, tiny_llama
 from quickdraft.cli import main
-from quickdraft.drafters.base import DraftRequest
+from quickdraft.drafters.drafter import DraftRequest
 from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.heads.config import Eagle3Config, EagleConfig
-from quickdraft.heads.eagle import EagleHead
 from quickdraft.heads.eagle3 import Eagle3Head
+from quickdraft.heads.eagle_head import EagleHead
 from quickdraft.heads.export import export_head, read_export
 from quickdraft.heads.format import write_head
 from quickdraft.heads.store import load_head

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from quickdraft import Decoder
-from quickdraft.backends.base import SeqPass
+from quickdraft.backends.backend import SeqPass
 from quickdraft.backends.llama_cpp import llama_cpp_installed
 from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.sampling import SamplingParams, logits_to_probs

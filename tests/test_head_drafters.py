@@ -11,10 +11,10 @@ from quickdraft.drafters.tree_record import TreeRecord
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.config import Eagle3Config
 from quickdraft.sampling import SamplingParams, logits_to_probs
-from quickdraft.training.command import feature_decoder
 from quickdraft.training.distill import regenerate
 from quickdraft.training.features import extract_features, load_features
 from quickdraft.training.loop import TrainSettings
+from quickdraft.training.train_command import feature_decoder
 from quickdraft.training.train_eagle import train_eagle
 from quickdraft.training.train_eagle3 import train_eagle3
 from quickdraft.training.train_medusa import train_medusa

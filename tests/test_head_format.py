@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from quickdraft.heads.config import Eagle3Config, EagleConfig, LayerShape
 from quickdraft.heads.eagle3 import Eagle3Head
 from quickdraft.heads.format import CONFIG_FILE, HEADS_FILE, load_eagle, load_medusa, read_config, write_head
-from quickdraft.heads.medusa import MedusaHeads
+from quickdraft.heads.medusa_heads import MedusaHeads
 from quickdraft.heads.store import SHIPPED
 
 SHIPPED_HEADS = sorted(SHIPPED.glob(f"*/*/{HEADS_FILE}"))

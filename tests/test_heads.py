@@ -8,16 +8,16 @@ import torch
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.config import Eagle3Config, EagleConfig
-from quickdraft.heads.eagle import EagleHead
 from quickdraft.heads.eagle3 import Eagle3Head
+from quickdraft.heads.eagle_head import EagleHead
 from quickdraft.heads.format import CONFIG_FILE, load_eagle, load_medusa
-from quickdraft.heads.medusa import MedusaHeads
+from quickdraft.heads.medusa_heads import MedusaHeads
 from quickdraft.models.loading import LoadedModel
-from quickdraft.training.command import distilled, feature_decoder
 from quickdraft.training.data import Example, read_examples
 from quickdraft.training.distill import answers_file, read_answers, regenerate
 from quickdraft.training.features import extract_features, feature_batches, load_features
 from quickdraft.training.loop import TrainSettings, held_out
+from quickdraft.training.train_command import distilled, feature_decoder
 from quickdraft.training.train_eagle import eagle_batch, eagle_sequences, train_eagle
 from quickdraft.training.train_medusa import medusa_loss, medusa_positions, train_medusa
 from quickdraft.training.vocab import coverage, draft_vocabulary, vocabulary_index

@@ -254,7 +254,7 @@ def test_shipped_heads_draft_well_on_the_default(default):
 def test_eagle_on_a_long_summarization_prompt_equals_plain_at_int4(default):
     # Found by the bench: tree rows read their keys where the tree put their ancestors, and one
     # token (82nd) differed from plain int4 decoding until each tree row read its keys in path
-    # order (quickdraft/models/native.py, row_groups).
+    # order (quickdraft/models/native_weights.py, row_groups).
     from quickdraft.bench.prompts import default_prompt_file, load_prompts
 
     path = default_prompt_file()

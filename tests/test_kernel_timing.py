@@ -16,7 +16,7 @@ from quickdraft.backends.kernel_timing import (ROW_GRID, fastest_at_or_above, me
                                               measure_row_kernels)
 from quickdraft.backends.native import NativeBackend
 from quickdraft.models.linear import Kernel, apply_linear
-from quickdraft.models.native import NativeWeights
+from quickdraft.models.native_weights import NativeWeights
 
 from conftest import loaded, tiny_llama
 from seq_util import Seq

@@ -16,7 +16,7 @@ import torch
 
 import quickdraft
 from quickdraft import Decoder
-from quickdraft.backends.base import SeqPass
+from quickdraft.backends.backend import SeqPass
 from quickdraft.backends.llama_cpp import DEFAULT_CELLS, LlamaCppBackend, llama_cpp_installed
 from quickdraft.backends.select import make_backend
 from quickdraft.measured import read_choice

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from quickdraft import Decoder, QuickdraftError
-from quickdraft.drafters.base import DraftRequest, StepOutcome
+from quickdraft.drafters.drafter import DraftRequest, StepOutcome
 from quickdraft.drafters.lookahead import LookaheadDrafter, window_layout
 from quickdraft.sampling import SamplingParams
 

@@ -8,7 +8,7 @@ from quickdraft import Decoder, QuickdraftError
 from quickdraft.models.loading import LoadedModel
 from quickdraft.backends.hf import HFBackend
 from quickdraft.backends.select import make_backend
-from quickdraft.models.native import NativeWeights, supports
+from quickdraft.models.native_weights import NativeWeights, supports
 from quickdraft.tree import tree_mask
 
 from conftest import loaded, tiny_llama

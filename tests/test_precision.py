@@ -8,7 +8,7 @@ import torch
 
 from quickdraft import Decoder, QuickdraftError
 from quickdraft.backends.native import NativeBackend
-from quickdraft.models.native import NativeWeights
+from quickdraft.models.native_weights import NativeWeights
 from quickdraft.models.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 from quickdraft.models.quantized_linear import Int4Linear, Int8Linear
 
@@ -172,7 +172,7 @@ def widening_backend(model) -> NativeBackend:
 
 
 def test_a_prompt_prefilled_beside_other_passes_gives_the_same_rows_as_alone():
-    from quickdraft.backends.base import SeqPass
+    from quickdraft.backends.backend import SeqPass
 
     backend = widening_backend(tiny_llama(seed=1))
     prompt, other = [3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8]

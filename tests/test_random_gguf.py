@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from gguf import GGMLQuantizationType
 
-from quickdraft.backends.base import SeqPass
+from quickdraft.backends.backend import SeqPass
 from quickdraft.backends.llama_cpp import LlamaCppBackend, llama_cpp_installed
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.gguf_convert import read_table

@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = ("quickdraft", "quickdraft.methods", "quickdraft.drafters.eagle", "quickdraft.drafters.medusa",
            "quickdraft.heads.format", "quickdraft.heads.store", "quickdraft.heads.export", "quickdraft.heads.inference",
-           "quickdraft.serve", "quickdraft.bench.command", "quickdraft.cli")
+           "quickdraft.serve", "quickdraft.bench.bench_command", "quickdraft.cli")
 REPORT = """
 import importlib, sys
 for name in sys.argv[1:]:

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from quickdraft import Decoder
-from quickdraft.backends.base import SeqPass
+from quickdraft.backends.backend import SeqPass
 from quickdraft.backends.static import StaticBackend, window_keys
 from quickdraft.draft_length import FixedK
-from quickdraft.drafters.base import Draft, NoDrafter
+from quickdraft.drafters.drafter import Draft, NoDrafter
 from quickdraft.engine import Generation
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.native import NativeWeights
+from quickdraft.models.native_weights import NativeWeights
 from quickdraft.sampling import SamplingParams
 
 from conftest import loaded, tiny_llama

@@ -13,13 +13,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from quickdraft.backends.base import SeqPass
+from quickdraft.backends.backend import SeqPass
 from quickdraft.backends.native import NativeBackend
 from quickdraft.errors import QuickdraftError
 from quickdraft.models import gguf_convert
 from quickdraft.models.embedded import default_gguf_path
 from quickdraft.models.loading import load_model
-from quickdraft.models.native import NativeWeights
+from quickdraft.models.native_weights import NativeWeights
 from quickdraft.models.quantize import dequantize_int4
 from quickdraft.models.weights import GgufWeights, SafetensorsWeights, build_model
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from quickdraft.backends.base import Backend, SeqPass
+from quickdraft.backends.backend import Backend, SeqPass
 from quickdraft.backends.kernel_timing import COST_CONTEXT
 from quickdraft.measured import QUIET, CpuShare, forget_choice, read_choice, write_choice
 

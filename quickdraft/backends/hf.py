@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from quickdraft.backends.base import PassOutput, SeqPass, check_passes, logit_rows, tapped_layers
+from quickdraft.backends.backend import PassOutput, SeqPass, check_passes, logit_rows, tapped_layers
 from quickdraft.models.precision import precision_of
 
 PadSizes = dict[int, int]  # tokens in a pass -> tokens actually run (padding after them; measured faster)

@@ -76,7 +76,7 @@ def measure_row_kernels(weights, folder: Path | None, progress: bool = True) -> 
 
 def measure_pad_sizes(backend, folder: Path | None, progress: bool = True) -> dict[int, int]:
     """The transformers backend's token count to run for each pass size (padding after the real tokens)."""
-    from quickdraft.backends.base import SeqPass
+    from quickdraft.backends.backend import SeqPass
 
     model = backend.model
     signature = {"backend": HF, "model": type(model).__name__, "config": model.config.to_json_string(),
@@ -191,7 +191,7 @@ def measure_pass_costs(backend, folder: Path | None, signature: dict | None = No
     """Milliseconds of one whole pass of n tokens (all logits) after COST_CONTEXT cached ones, for n
     in `grid`: the median of REPEATS interleaved rounds. What verification costs on this backend
     here, for the cost model's prior, the tree budget and choosing a backend; cached per machine."""
-    from quickdraft.backends.base import SeqPass
+    from quickdraft.backends.backend import SeqPass
 
     signature = {"backend": type(backend).__name__, "name": backend.name,
                  "precision": getattr(backend, "precision", None), "device": str(backend.device),

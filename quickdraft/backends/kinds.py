@@ -14,7 +14,7 @@ from quickdraft.backends.llama_cpp import DEFAULT_CELLS, LlamaCppBackend
 from quickdraft.backends.native import NativeBackend
 from quickdraft.backends.static import StaticBackend
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.native import GEMMA3, SUPPORTED_ARCHITECTURES, supports
+from quickdraft.models.native_weights import GEMMA3, SUPPORTED_ARCHITECTURES, supports
 
 AUTO, NATIVE, HF, LLAMA_CPP, STATIC = "auto", "native", "hf", "llama.cpp", "static"
 GGUF = "gguf"  # the llama.cpp backend's precision: the GGUF file's own tensor types

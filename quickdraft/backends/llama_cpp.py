@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from quickdraft.backends.base import PassCostsOnFirstRead, PassOutput, SeqPass, check_passes
+from quickdraft.backends.backend import PassCostsOnFirstRead, PassOutput, SeqPass, check_passes
 from quickdraft.errors import QuickdraftError
 
 

@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from quickdraft.backends.base import PassCostsOnFirstRead, PassOutput, SeqPass, check_passes, logit_rows, tapped_layers
+from quickdraft.backends.backend import (PassCostsOnFirstRead, PassOutput, SeqPass, check_passes, logit_rows,
+                                         tapped_layers)
 from quickdraft.backends.kv_cache import KVCache
 from quickdraft.models.linear import Kernel, RowLinear, apply_linear
-from quickdraft.models.native import Attention, NativeWeights, rms_norm
+from quickdraft.models.native_weights import Attention, NativeWeights, rms_norm
 from quickdraft.models.row_attention import KEY_CHUNK, group_keys, row_groups, row_invariant_attention
 from quickdraft.models.rotary import RotaryTable, rotate
 

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from transformers import PretrainedConfig
 
-from quickdraft.backends.base import Backend
+from quickdraft.backends.backend import Backend
 from quickdraft.backends.choice import BackendChoice, Timings, cached_backend_choice, observe, time_pairs
 from quickdraft.backends.hf import HFBackend
 from quickdraft.backends.kernel_timing import (
@@ -48,7 +48,7 @@ from quickdraft.memory import GIB, available_memory, backend_weight_bytes, human
 from quickdraft.models.layer_subset import layer_subset_model
 from quickdraft.models.linear import RowLinear
 from quickdraft.models.loading import LoadedModel, default_cache_dir, file_key
-from quickdraft.models.native import NativeWeights, supports
+from quickdraft.models.native_weights import NativeWeights, supports
 from quickdraft.models.precision import PRECISIONS, get_precision
 
 STATIC_GRID = (1, 2, 4, 8, 16, 32, 64)  # pass sizes timed on the static backend (its tree budget comes from them)

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from quickdraft.backends.base import PassCostsOnFirstRead, PassOutput, SeqPass, check_passes, tapped_layers
-from quickdraft.models.native import NativeWeights, rms_norm
+from quickdraft.backends.backend import PassCostsOnFirstRead, PassOutput, SeqPass, check_passes, tapped_layers
+from quickdraft.models.native_weights import NativeWeights, rms_norm
 from quickdraft.models.rotary import RotaryTable, rotate
 
 MIN_SPAN = 256  # the fewest keys a sequence's rows attend over (spans are powers of two up to the context)

@@ -1,7 +1,7 @@
-"""Drafters, one file per method, all behind the Drafter interface in base.py."""
+"""Drafters, one file per method, all behind the Drafter interface in drafter.py."""
 
-from quickdraft.drafters.base import Draft, Drafter, DraftRequest, NoDrafter, StepOutcome
 from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.drafter import Draft, Drafter, DraftRequest, NoDrafter, StepOutcome
 from quickdraft.drafters.lookahead import LookaheadDrafter
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter, lookup_continuation
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from quickdraft.backends.base import Backend, Cache, SeqPass
-from quickdraft.drafters.base import Draft, DraftRequest, SequenceDrafter, StepOutcome
+from quickdraft.backends.backend import Backend, Cache, SeqPass
+from quickdraft.drafters.drafter import Draft, DraftRequest, SequenceDrafter, StepOutcome
 from quickdraft.sampling import logits_to_probs, sample
 
 BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from quickdraft.backends.base import Backend, Cache, SeqPass
-from quickdraft.drafters.base import Draft, DraftRequest, StepOutcome
+from quickdraft.backends.backend import Backend, Cache, SeqPass
+from quickdraft.drafters.drafter import Draft, DraftRequest, StepOutcome
 from quickdraft.sampling import logits_to_probs, sample
 
 

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 import torch
 
 from quickdraft.backends.kv_cache import KVCache
-from quickdraft.drafters.base import Draft, DraftRequest, SequenceDrafter, StepOutcome
+from quickdraft.drafters.drafter import Draft, DraftRequest, SequenceDrafter, StepOutcome
 from quickdraft.drafters.head_tree import TreeShape, chain_draft, draft_tree, head_cannot_pay
 from quickdraft.drafters.lookup_branch import LookupBranch
 from quickdraft.drafters.tree_record import TreeRecord
-from quickdraft.heads.eagle import EagleHead
 from quickdraft.heads.eagle3 import Eagle3Head
+from quickdraft.heads.eagle_head import EagleHead
 from quickdraft.tree import ancestors
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from quickdraft.drafters.base import Draft, DraftRequest, SequenceDrafter, StepOutcome
+from quickdraft.drafters.drafter import Draft, DraftRequest, SequenceDrafter, StepOutcome
 from quickdraft.errors import QuickdraftError
 from quickdraft.tree import trie_from_paths
 

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from quickdraft.drafters.base import Draft, DraftRequest, SequenceDrafter, StepOutcome
+from quickdraft.drafters.drafter import Draft, DraftRequest, SequenceDrafter, StepOutcome
 from quickdraft.drafters.head_tree import TreeShape, draft_tree
 from quickdraft.drafters.lookup_branch import LookupBranch
 from quickdraft.drafters.tree_record import TreeRecord
-from quickdraft.heads.medusa import MedusaHeads
+from quickdraft.heads.medusa_heads import MedusaHeads
 from quickdraft.tree import ancestors
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.drafters.base import Draft, DraftRequest, SequenceDrafter
+from quickdraft.drafters.drafter import Draft, DraftRequest, SequenceDrafter
 from quickdraft.errors import QuickdraftError
 
 

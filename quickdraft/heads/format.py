@@ -13,9 +13,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from quickdraft.heads.config import Eagle3Config, EagleConfig
-from quickdraft.heads.eagle import EagleHead
 from quickdraft.heads.eagle3 import Eagle3Head
-from quickdraft.heads.medusa import MedusaHeads
+from quickdraft.heads.eagle_head import EagleHead
+from quickdraft.heads.medusa_heads import MedusaHeads
 
 HEADS_FILE, CONFIG_FILE = "heads.safetensors", "config.json"
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 
 from quickdraft.errors import QuickdraftError
-from quickdraft.heads.eagle import EagleHead
 from quickdraft.heads.eagle3 import Eagle3Head
+from quickdraft.heads.eagle_head import EagleHead
 from quickdraft.heads.export import export_summary, is_export, read_export
 from quickdraft.heads.format import CONFIG_FILE, HEADS_FILE, load_eagle, load_medusa, read_config
-from quickdraft.heads.medusa import MedusaHeads
+from quickdraft.heads.medusa_heads import MedusaHeads
 from quickdraft.models.loading import LoadedModel
 from quickdraft.models.weights import EMBED, LM_HEAD
 

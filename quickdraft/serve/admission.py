@@ -10,7 +10,7 @@ from quickdraft.decoder import Decoder
 from quickdraft.errors import QuickdraftError
 from quickdraft.methods import configure
 from quickdraft.options import MODEL_OPTIONS
-from quickdraft.serve.errors import ApiError, too_long
+from quickdraft.serve.api_errors import ApiError, too_long
 from quickdraft.serve.events import JobEvents
 from quickdraft.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from quickdraft.serve.scheduler import Job

@@ -7,7 +7,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from quickdraft.serve.admission import Admission
-from quickdraft.serve.errors import ApiError
+from quickdraft.serve.api_errors import ApiError
 from quickdraft.serve.events import ClientGone, JobEvents
 from quickdraft.serve.forms import JsonAnswer, OpenAIStream, StepsStream
 from quickdraft.serve.metrics import ServerMetrics

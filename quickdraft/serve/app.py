@@ -13,7 +13,7 @@ from quickdraft.decoder import Decoder
 from quickdraft.memory import loaded_memory
 from quickdraft.serve.admission import Admission
 from quickdraft.serve.answer import Answers
-from quickdraft.serve.errors import add_error_handlers
+from quickdraft.serve.api_errors import add_error_handlers
 from quickdraft.serve.gate import LOOPBACK_HOSTS, Gate
 from quickdraft.serve.metrics import ServerMetrics
 from quickdraft.serve.routes import add_openai_routes, add_playground_routes, add_quickdraft_routes, add_service_routes

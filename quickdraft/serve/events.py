@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import Request
 
 from quickdraft.decoder import Decoder, GenerationOutput
-from quickdraft.serve.errors import job_error
+from quickdraft.serve.api_errors import job_error
 from quickdraft.serve.forms import Form
 from quickdraft.serve.metrics import ServerMetrics
 from quickdraft.stats import StepRecord

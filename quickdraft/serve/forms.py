@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from quickdraft.decoder import Decoder, GenerationOutput
 from quickdraft.sampling import TokenLogprob
-from quickdraft.serve.errors import ApiError
+from quickdraft.serve.api_errors import ApiError
 from quickdraft.serve.protocol import FINISH_REASONS, chunk_body, completion_body, logprobs_body, usage
 from quickdraft.stats import StepRecord
 

@@ -12,7 +12,7 @@ from fastapi.responses import FileResponse, Response
 from quickdraft.methods import METHODS
 from quickdraft.serve.admission import Admission
 from quickdraft.serve.answer import Answers
-from quickdraft.serve.errors import ApiError
+from quickdraft.serve.api_errors import ApiError
 from quickdraft.serve.metrics import ServerMetrics
 from quickdraft.serve.protocol import ChatCompletionRequest, CompletionRequest
 from quickdraft.serve.scheduler import Scheduler

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from quickdraft.backends.base import Backend, SeqPass
+from quickdraft.backends.backend import Backend, SeqPass
 from quickdraft.training.data import Example
 
 Sequence = tuple[list[int], int]  # token ids of a conversation, and where its response starts

@@ -15,7 +15,7 @@ from torch import nn
 from tqdm import tqdm
 
 from quickdraft.heads.format import write_head
-from quickdraft.training.precision import autocast, training_precision
+from quickdraft.training.train_precision import autocast, training_precision
 from quickdraft.training.vocab import coverage, draft_vocabulary
 
 CHECKPOINT_FILE = "checkpoint.pt"

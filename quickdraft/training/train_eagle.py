@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from quickdraft.heads.config import EagleConfig
-from quickdraft.heads.eagle import EagleHead
+from quickdraft.heads.eagle_head import EagleHead
 from quickdraft.training.loop import TrainSettings, held_out, optimise, save_head, to_device, training_vocabulary
 from quickdraft.training.vocab import vocabulary_index
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from quickdraft.heads.medusa import MedusaHeads
+from quickdraft.heads.medusa_heads import MedusaHeads
 from quickdraft.training.loop import TrainSettings, held_out, optimise, save_head, to_device, training_vocabulary
 from quickdraft.training.vocab import vocabulary_index
 

@@ -11,7 +11,7 @@ from quickdraft.decoder import Decoder
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.config import Eagle3Config
 from quickdraft.models.loading import LoadedModel, load_model
-from quickdraft.models.native import supports
+from quickdraft.models.native_weights import supports
 from quickdraft.models.weights import EMBED, LM_HEAD
 from quickdraft.training.data import read_examples
 from quickdraft.training.distill import answers_file, append_answers, read_answers, regenerate
