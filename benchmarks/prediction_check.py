@@ -73,12 +73,12 @@ def main() -> None:
         for prompt in prompts:
             plain.generate(prompt, max_new_tokens=4)  # the same warm caches for both
             base = plain.generate(prompt, max_new_tokens=args.max_new_tokens)
-            spec = lookup.generate(prompt, max_new_tokens=args.max_new_tokens)
-            if spec.token_ids != base.token_ids:
+            looked_up = lookup.generate(prompt, max_new_tokens=args.max_new_tokens)
+            if looked_up.token_ids != base.token_ids:
                 raise SystemExit(f"greedy prompt lookup parted from plain decoding on {backend}: {prompt[:60]!r}")
             plain_s, plain_tokens = plain_s + decode_seconds(base), plain_tokens + len(base.token_ids)
-            lookup_s, lookup_tokens = lookup_s + decode_seconds(spec), lookup_tokens + len(spec.token_ids)
-            steps += [(len(step.draft_tokens), len(step.emitted)) for step in spec.steps]
+            lookup_s, lookup_tokens = lookup_s + decode_seconds(looked_up), lookup_tokens + len(looked_up.token_ids)
+            steps += [(len(step.draft_tokens), len(step.emitted)) for step in looked_up.steps]
         predicted = speedup_from_steps(steps, costs)
         measured = (plain_s / plain_tokens) / (lookup_s / lookup_tokens)
         print(f"| {plain.target.name} | {plain.backend_kind} {plain.precision} | {costs[1]:.1f} / "
