@@ -50,9 +50,10 @@ def main() -> None:
     heads, kv_heads, dim, group = w.heads, w.kv_heads, w.head_dim, w.heads // w.kv_heads
     keys = torch.zeros(len(w.layers), kv_heads, BUCKET, dim)  # [layers, KV, L, D]
     values = torch.ones(len(w.layers), kv_heads, BUCKET, dim + 1)
-    layers = [(l.input_norm, l.qkv.packed, l.qkv.scales_and_zeros, l.o.packed, l.o.scales_and_zeros, l.post_norm,
-               l.gate_up.packed, l.gate_up.scales_and_zeros, l.down.packed, l.down.scales_and_zeros)
-              for l in w.layers]
+    layers = [(layer.input_norm, layer.qkv.packed, layer.qkv.scales_and_zeros, layer.o.packed,
+               layer.o.scales_and_zeros, layer.post_norm, layer.gate_up.packed, layer.gate_up.scales_and_zeros,
+               layer.down.packed, layer.down.scales_and_zeros)
+              for layer in w.layers]
     hidden = (torch.arange(BUCKET) > CONTEXT)[:, None, None]  # [L, 1, 1]: keys after the token are masked
 
     def layer(x, cos, sin, k_cache, v_cache, n1, qkv, qkvs, o, os_, n2, gu, gus, dn, dns):

@@ -6,7 +6,8 @@ tokens yielded) at the measured pass costs (analysis.speedup_from_steps); the me
 plain decode time per token over prompt lookup's (prefill left out of both). Their ratio says how
 far real_sizes.py's predictions at 1B-8B, made the same way, can be trusted.
 
-    .venv/bin/python benchmarks/prediction_check.py [--backends native:int4 native:bf16 llama.cpp] [--k 4] [--prompts 12]
+    .venv/bin/python benchmarks/prediction_check.py [--backends native:int4 native:bf16 llama.cpp] \
+        [--k 4] [--prompts 12]
         [--max-new-tokens 96] [--steps-out bench-out/prompt_lookup_steps.json]
 
 --steps-out keeps the prompt-lookup steps of the first backend (drafted, tokens per pass), which

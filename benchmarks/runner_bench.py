@@ -137,7 +137,7 @@ def main() -> None:
     for name, backend in backends.items():
         if "measured" in name:
             lines.append(f"- {name.split(',')[0]}: {shapes_text(backend)}")
-    lines += ["", "ms per target pass (median of %d)" % args.repeats, "",
+    lines += ["", f"ms per target pass (median of {args.repeats})", "",
               "| context | backend | " + " | ".join(f"{n} tok" for n in args.tokens) + " | 8 tok / 1 tok |",
               "|---" * (len(args.tokens) + 3) + "|"]
     for context in args.contexts:

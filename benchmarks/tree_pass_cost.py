@@ -76,7 +76,8 @@ def main() -> None:
             cache.truncate(args.context)
     ms = {key: statistics.median(t) for key, t in times.items()}
     one = ms[("one", 1)]
-    print(f"native {args.precision}, {args.context} cached tokens, {args.threads} threads, {platform.processor() or platform.machine()}, "
+    cpu = platform.processor() or platform.machine()
+    print(f"native {args.precision}, {args.context} cached tokens, {args.threads} threads, {cpu}, "
           f"torch {torch.__version__}, {date.today()}; one-token pass {one:.1f} ms; trees read in place: "
           f"{'allowed' if in_place else 'not exact with this kernel'}")
     print("| tokens in the pass | chain ms | x one token | tree ms (gathered) | x one token | tree / chain |"

@@ -28,6 +28,21 @@ DEMO_PROMPT = "Write a Python function that checks whether a number is prime."
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="quickdraft", description="Lossless speculative decoding.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    for add_command in (
+        add_generate_command,
+        add_bench_command,
+        add_serve_command,
+        add_train_command,
+        add_export_head_command,
+        add_plan_command,
+        add_analyze_command,
+    ):
+        add_command(commands)
+    return parser
+
+
+def add_generate_command(commands: argparse._SubParsersAction) -> None:
+    """`quickdraft generate`: one prompt, printed as it is decoded."""
     gen = commands.add_parser("generate", help="generate text from a prompt")
     gen.add_argument("prompt", nargs="?", help="the prompt (default: standard input, else a demo prompt)")
     add_flag(gen, RUN["target"])
@@ -41,30 +56,46 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--verbose", action="store_true", help="print each step's drafted and accepted text")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
 
+
+def add_bench_command(commands: argparse._SubParsersAction) -> None:
+    """`quickdraft bench`: methods and peers timed side by side."""
     bench = commands.add_parser("bench", help="time methods and peers side by side; report, JSON, plots")
     add_flag(bench, RUN["target"])
     add_flag(bench, RUN["draft"], "for method draft and transformers' assistant_model")
-    bench.add_argument("--methods", nargs="+", default=["all"],
-                       help="METHOD[:key=value,...] specs, or all (default); a value a/b/c runs each, "
-                            "e.g. prompt-lookup:k=2/4/8,draft_length=fixed")
-    bench.add_argument("--data", type=Path,
-                       help="Spec-Bench-style JSONL (default: ../shared/data/spec_bench/question.jsonl when "
-                            "present, else a built-in set)")
+    bench.add_argument(
+        "--methods",
+        nargs="+",
+        default=["all"],
+        help="METHOD[:key=value,...] specs, or all (default); a value a/b/c runs each, "
+        "e.g. prompt-lookup:k=2/4/8,draft_length=fixed",
+    )
+    bench.add_argument(
+        "--data",
+        type=Path,
+        help="Spec-Bench-style JSONL (default: ../shared/data/spec_bench/question.jsonl when "
+        "present, else a built-in set)",
+    )
     bench.add_argument("--categories", nargs="+", help="categories to run (default: all in the file)")
     bench.add_argument("--per-category", type=int, help="prompts per category (default 10; --quick: 1)")
     add_flag(bench, SAMPLING["max_new_tokens"], "--quick: 48", declared_default=False)
     add_flag(bench, SAMPLING["temperature"], "at 0 the bench also checks that the outputs are equal")
     bench.add_argument("--repeats", type=int, default=1, help="timed runs of each prompt per contender")
-    bench.add_argument("--peers", nargs="+", choices=["transformers", "llama.cpp"],
-                       default=["transformers", "llama.cpp"],
-                       help="peer libraries to time (llama.cpp: when llama-cpp-python is installed and the "
-                            "target is a GGUF file)")
+    bench.add_argument(
+        "--peers",
+        nargs="+",
+        choices=["transformers", "llama.cpp"],
+        default=["transformers", "llama.cpp"],
+        help="peer libraries to time (llama.cpp: when llama-cpp-python is installed and the target is a GGUF file)",
+    )
     bench.add_argument("--no-peers", action="store_true", help="leave out every peer")
     bench.add_argument("--quick", action="store_true", help="1 prompt per category, 48 tokens: a few minutes")
     add_option_flags(bench, model_only=True)
     add_flag(bench, RUN["threads"])
     bench.add_argument("--output", type=Path, default=Path("bench-out/bench"), help="folder for the outputs")
 
+
+def add_serve_command(commands: argparse._SubParsersAction) -> None:
+    """`quickdraft serve`: the OpenAI-compatible server."""
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server with batched speculation")
     add_flag(serve, RUN["target"])
     add_flag(serve, RUN["draft"])
@@ -76,38 +107,82 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those (then 429)")
     serve.add_argument("--max-tokens-limit", type=int, default=2048, help="the largest max_tokens accepted")
     serve.add_argument("--max-body-bytes", type=int, default=2 << 20, help="larger request bodies get a 413")
-    serve.add_argument("--drain-seconds", type=float, default=30.0,
-                       help="on shutdown, how long running requests may finish (then they end with a 503)")
-    serve.add_argument("--api-key", default=os.environ.get("QUICKDRAFT_API_KEY"),
-                       help="require 'Authorization: Bearer KEY' (default: $QUICKDRAFT_API_KEY; unset: open)")
-    serve.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
-                       help="a Host name to answer besides the bound address (repeatable; e.g. behind a proxy)")
+    serve.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=30.0,
+        help="on shutdown, how long running requests may finish (then they end with a 503)",
+    )
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("QUICKDRAFT_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $QUICKDRAFT_API_KEY; unset: open)",
+    )
+    serve.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name to answer besides the bound address (repeatable; e.g. behind a proxy)",
+    )
     add_option_flags(serve)
     add_flag(serve, RUN["threads"])
 
+
+def add_train_command(commands: argparse._SubParsersAction) -> None:
+    """`quickdraft train`: an EAGLE or Medusa head for a target."""
     train = commands.add_parser("train", help="train a draft head (EAGLE or Medusa) on the target's hidden states")
     train.add_argument("kind", choices=["eagle", "medusa"])
     add_flag(train, RUN["target"])
-    train.add_argument("--data", type=Path, nargs="+", required=True,
-                       help="training files: alpaca-style JSON, JSONL (question/answer, prompt/response, "
-                            "text) or plain .txt; evaluation sets are refused")
+    train.add_argument(
+        "--data",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="training files: alpaca-style JSON, JSONL (question/answer, prompt/response, "
+        "text) or plain .txt; evaluation sets are refused",
+    )
     train.add_argument("--output", type=Path, required=True, help="folder for the checkpoint and the head")
-    train.add_argument("--cache", type=Path,
-                       help="folder for self-distilled text and features, shareable between kinds "
-                            "(default: OUTPUT/cache)")
-    train.add_argument("--distill", type=int, metavar="TOKENS",
-                       help="replace responses by the target's own greedy ones, up to TOKENS tokens")
-    train.add_argument("--distill-examples", type=int, metavar="N", nargs="+",
-                       help="with --distill: only the first N examples of each file (the rest keep their "
-                            "text); one N, or one per --data file")
-    train.add_argument("--distill-batch", type=int, metavar="N",
-                       help="with --distill: prompts answered at once (default: 64 on a CPU, 256 on a GPU)")
-    train.add_argument("--feature-batch", type=int, metavar="TOKENS",
-                       help="padded tokens of one feature-extraction pass (default: one example a pass on a "
-                            "CPU, where batches measured slower; 16384 on a GPU)")
-    train.add_argument("--eagle", type=int, choices=[1, 3], default=3,
-                       help="eagle: 3 fuses low, middle and high target layers and trains unrolled (default); "
-                            "1 reads the last hidden state")
+    train.add_argument(
+        "--cache",
+        type=Path,
+        help="folder for self-distilled text and features, shareable between kinds (default: OUTPUT/cache)",
+    )
+    train.add_argument(
+        "--distill",
+        type=int,
+        metavar="TOKENS",
+        help="replace responses by the target's own greedy ones, up to TOKENS tokens",
+    )
+    train.add_argument(
+        "--distill-examples",
+        type=int,
+        metavar="N",
+        nargs="+",
+        help="with --distill: only the first N examples of each file (the rest keep their "
+        "text); one N, or one per --data file",
+    )
+    train.add_argument(
+        "--distill-batch",
+        type=int,
+        metavar="N",
+        help="with --distill: prompts answered at once (default: 64 on a CPU, 256 on a GPU)",
+    )
+    train.add_argument(
+        "--feature-batch",
+        type=int,
+        metavar="TOKENS",
+        help="padded tokens of one feature-extraction pass (default: one example a pass on a "
+        "CPU, where batches measured slower; 16384 on a GPU)",
+    )
+    train.add_argument(
+        "--eagle",
+        type=int,
+        choices=[1, 3],
+        default=3,
+        help="eagle: 3 fuses low, middle and high target layers and trains unrolled (default); "
+        "1 reads the last hidden state",
+    )
     train.add_argument("--unroll", type=int, default=4, help="eagle 3: steps unrolled on the head's own outputs")
     train.add_argument("--context", type=int, default=128, help="eagle 3: prompt tokens kept before a response")
     train.add_argument("--heads", type=int, default=3, help="medusa: number of heads")
@@ -117,52 +192,87 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--window", type=int, default=256, help="eagle: longest stretch of a sequence per step")
     train.add_argument("--vocab", type=int, default=8192, help="draft vocabulary: most frequent response tokens")
     train.add_argument("--lr", type=float, default=1e-3)
-    train.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
-                       help="a training step's arithmetic: bf16 autocast (fp32 weights) or fp32; auto: the "
-                            "faster here, timed on the run's own batches once per machine")
-    train.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
-                       help="learning rate over the steps: constant, or cosine (warm-up, then down to a tenth)")
-    train.add_argument("--max-examples", type=int, nargs="+", metavar="N",
-                       help="use the first N examples of each file (one N, or one per --data file)")
+    train.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
+        help="a training step's arithmetic: bf16 autocast (fp32 weights) or fp32; auto: the "
+        "faster here, timed on the run's own batches once per machine",
+    )
+    train.add_argument(
+        "--schedule",
+        choices=["constant", "cosine"],
+        default="constant",
+        help="learning rate over the steps: constant, or cosine (warm-up, then down to a tenth)",
+    )
+    train.add_argument(
+        "--max-examples",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="use the first N examples of each file (one N, or one per --data file)",
+    )
     train.add_argument("--max-tokens", type=int, default=512, help="tokens per example (prompt + response)")
     add_flag(train, RUN["threads"])
-    train.add_argument("--device", default="auto",
-                       help="auto (a CUDA GPU when present, else the CPU), cpu or cuda (cuda:N): where the target "
-                            "distils and extracts features and the head trains")
-    train.add_argument("--target-precision", choices=["fp32", "bf16", "int8", "int4"],
-                       help="what the target computes at while it distils and extracts features (default: the "
-                            "checkpoint's own where the native backend has it: bf16 stays bf16, a GGUF file fp32)")
+    train.add_argument(
+        "--device",
+        default="auto",
+        help="auto (a CUDA GPU when present, else the CPU), cpu or cuda (cuda:N): where the target "
+        "distils and extracts features and the head trains",
+    )
+    train.add_argument(
+        "--target-precision",
+        choices=["fp32", "bf16", "int8", "int4"],
+        help="what the target computes at while it distils and extracts features (default: the "
+        "checkpoint's own where the native backend has it: bf16 stays bf16, a GGUF file fp32)",
+    )
 
+
+def add_export_head_command(commands: argparse._SubParsersAction) -> None:
+    """`quickdraft export-head`: a head in vLLM's or SGLang's layout."""
     export = commands.add_parser("export-head", help="write an EAGLE-3 head as a vLLM or SGLang draft model")
-    export.add_argument("--head", type=Path,
-                        help="folder of an EAGLE-3 head (default: the eagle head shipped for the target)")
+    export.add_argument(
+        "--head", type=Path, help="folder of an EAGLE-3 head (default: the eagle head shipped for the target)"
+    )
     add_flag(export, RUN["target"], "the one the head was trained for; only its config or GGUF header is read")
     export.add_argument("--format", required=True, metavar="{vllm,sglang}", help="the engine whose layout to write")
     export.add_argument("--output", type=Path, required=True, help="folder for config.json and model.safetensors")
 
-    plan = commands.add_parser("plan", help="will the target, the draft and the caches fit? (reads config or GGUF "
-                               "headers; loads no weights)")
+
+def add_plan_command(commands: argparse._SubParsersAction) -> None:
+    """`quickdraft plan`: the memory plan, without loading weights."""
+    plan = commands.add_parser(
+        "plan", help="will the target, the draft and the caches fit? (reads config or GGUF headers; loads no weights)"
+    )
     add_flag(plan, RUN["target"])
     add_flag(plan, RUN["draft"])
     plan.add_argument("--head", help="folder of an EAGLE or Medusa head (its file size counts as the draft)")
     plan.add_argument("--max-batch", type=int, default=1, help="sequences decoded together")
-    plan.add_argument("--context", type=int, help="tokens per sequence (default: the target's context length; llama.cpp: its one "
-                      "pool's cells, at most 4096 unless --context says)")
+    plan.add_argument(
+        "--context",
+        type=int,
+        help="tokens per sequence (default: the target's context length; llama.cpp: its one "
+        "pool's cells, at most 4096 unless --context says)",
+    )
     plan.add_argument("--memory", help="what there is, e.g. 8GiB: say whether it fits and what to cut")
     add_flag(plan, OPTION["backend"], "auto is chosen as generate chooses it, without timing anything")
     add_flag(plan, OPTION["precision"])
     plan.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
 
+
+def add_analyze_command(commands: argparse._SubParsersAction) -> None:
+    """`quickdraft analyze`: the cost model's predictions."""
     analyze = commands.add_parser("analyze", help="expected tokens per pass, predicted speedup, best K")
     analyze.add_argument("--alpha", type=float, help="acceptance rate per draft token")
     analyze.add_argument("--k", type=int, help="draft tokens per step")
-    analyze.add_argument("--cost-ratio", type=float, default=0.05,
-                         help="draft time per token / target time per pass (default 0.05)")
-    analyze.add_argument("--verify-ratio", type=float, default=1.0,
-                         help="target pass time with K drafts / with none (default 1)")
+    analyze.add_argument(
+        "--cost-ratio", type=float, default=0.05, help="draft time per token / target time per pass (default 0.05)"
+    )
+    analyze.add_argument(
+        "--verify-ratio", type=float, default=1.0, help="target pass time with K drafts / with none (default 1)"
+    )
     analyze.add_argument("--k-max", type=int, default=16)
     analyze.add_argument("--plot", help="also write a PNG of predicted speedup vs K to this path")
-    return parser
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -215,10 +325,20 @@ def _plan(args: argparse.Namespace) -> int:
     backend, precision = choice.kind, choice.precision
     if args.context is not None and args.context > target.context:
         raise QuickdraftError(f"--context {args.context} is over {target.name}'s context length {target.context}")
-    report = plan_memory(target, draft, backend=backend, precision=precision, device=args.device,
-                         max_batch=args.max_batch, context=args.context, head_bytes=head)
-    print(f"{target.name} on the {backend} backend, {precision}, "
-          f"{args.device}" + (f", draft {draft.name}" if draft else "") + (f", head {args.head}" if head else ""))
+    report = plan_memory(
+        target,
+        draft,
+        backend=backend,
+        precision=precision,
+        device=args.device,
+        max_batch=args.max_batch,
+        context=args.context,
+        head_bytes=head,
+    )
+    print(
+        f"{target.name} on the {backend} backend, {precision}, "
+        f"{args.device}" + (f", draft {draft.name}" if draft else "") + (f", head {args.head}" if head else "")
+    )
     print("\n".join(report.lines()))
     print(f"backend {args.backend}: {choice.reason}")
     if budget is None:
@@ -228,8 +348,9 @@ def _plan(args: argparse.Namespace) -> int:
     return 0 if fits else 1
 
 
-def planned_choice(target: "ModelShape", backend: str, precision: str | None, device: str,
-                   cache_dir: str | os.PathLike | None = None) -> "Choice":
+def planned_choice(
+    target: "ModelShape", backend: str, precision: str | None, device: str, cache_dir: str | os.PathLike | None = None
+) -> "Choice":
     """The backend `generate` would choose for `target` (backends/select.py's one rule), without
     timing anything: auto's llama.cpp-or-native verdict is the one kept on this machine, else the
     default the first load keeps unless native is clearly faster."""
@@ -243,8 +364,9 @@ def planned_choice(target: "ModelShape", backend: str, precision: str | None, de
     def verdict():
         return planned_verdict(shapes_folder(cache_dir), choice_signature(target.gguf, default_precision(where)))
 
-    return choose_backend(target.config, target.gguf, target.name, backend, precision, where, stored=target.stored,
-                          verdict=verdict)
+    return choose_backend(
+        target.config, target.gguf, target.name, backend, precision, where, stored=target.stored, verdict=verdict
+    )
 
 
 def _export_head(args: argparse.Namespace) -> int:
@@ -259,8 +381,10 @@ def _export_head(args: argparse.Namespace) -> int:
     if args.head is None and not folder.is_dir():
         raise QuickdraftError(f"no eagle head is shipped for {target.name!r}; pass --head DIR")
     output = export_head(folder, args.output, args.format, target)
-    print(f"wrote {output / 'config.json'} and {output / 'model.safetensors'}: the EAGLE-3 head in {folder} "
-          f"as a {args.format} draft model for {target.name}")
+    print(
+        f"wrote {output / 'config.json'} and {output / 'model.safetensors'}: the EAGLE-3 head in {folder} "
+        f"as a {args.format} draft model for {target.name}"
+    )
     print("\n".join(serve_commands(args.target or DEFAULT_HUB_ID, output.resolve(), args.format)))
     return 0
 
@@ -272,9 +396,13 @@ ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
 def serve_commands(target: str, output: Path, fmt: str) -> list[str]:
     """How to serve `target` with the draft model in `output` (fmt's layout), and with the other engine."""
     other = "sglang" if fmt == "vllm" else "vllm"
-    return [f"serve it with {ENGINES[fmt]}:", "  " + serve_command(fmt, target, str(output)),
-            f"for {ENGINES[other]}, export again with --format {other} --output OUT (the engines number the "
-            "fused target layers differently), then:", "  " + serve_command(other, target, "OUT")]
+    return [
+        f"serve it with {ENGINES[fmt]}:",
+        "  " + serve_command(fmt, target, str(output)),
+        f"for {ENGINES[other]}, export again with --format {other} --output OUT (the engines number the "
+        "fused target layers differently), then:",
+        "  " + serve_command(other, target, "OUT"),
+    ]
 
 
 def serve_command(fmt: str, target: str, draft: str) -> str:
@@ -282,9 +410,11 @@ def serve_command(fmt: str, target: str, draft: str) -> str:
     if fmt == "vllm":
         spec = json.dumps({"method": "eagle3", "model": draft, "num_speculative_tokens": 3})
         return f"vllm serve {shlex.quote(target)} --speculative-config {shlex.quote(spec)}"
-    return (f"python -m sglang.launch_server --model-path {shlex.quote(target)} --speculative-algorithm EAGLE3 "
-            f"--speculative-draft-model-path {shlex.quote(draft)} --speculative-num-steps 3 "
-            "--speculative-eagle-topk 4 --speculative-num-draft-tokens 16")
+    return (
+        f"python -m sglang.launch_server --model-path {shlex.quote(target)} --speculative-algorithm EAGLE3 "
+        f"--speculative-draft-model-path {shlex.quote(draft)} --speculative-num-steps 3 "
+        "--speculative-eagle-topk 4 --speculative-num-draft-tokens 16"
+    )
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -310,24 +440,50 @@ def _train(args: argparse.Namespace) -> int:
     from quickdraft.training.train_command import train
 
     _set_threads(args.threads)
-    settings = TrainSettings(steps=args.steps, positions=args.positions, sequences=args.sequences,
-                             window=args.window, lr=args.lr, vocab=args.vocab, unroll=args.unroll,
-                             context=args.context, schedule=args.schedule, device=str(resolve_device(args.device)),
-                             precision=args.precision)
+    settings = TrainSettings(
+        steps=args.steps,
+        positions=args.positions,
+        sequences=args.sequences,
+        window=args.window,
+        lr=args.lr,
+        vocab=args.vocab,
+        unroll=args.unroll,
+        context=args.context,
+        schedule=args.schedule,
+        device=str(resolve_device(args.device)),
+        precision=args.precision,
+    )
     for flag in ("steps", "positions", "sequences", "window", "vocab", "heads", "unroll"):
         if getattr(args, flag) < 1:
             raise QuickdraftError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
-    result = train(args.kind, args.target, args.data, args.output, heads=args.heads,
-                   max_examples=_one_or_each(args.max_examples), max_tokens=args.max_tokens,
-                   distill_tokens=args.distill,
-                   distill_examples=_one_or_each(args.distill_examples), cache=args.cache, settings=settings,
-                   eagle=args.eagle, distill_batch=args.distill_batch,
-                   feature_batch=args.feature_batch, target_precision=args.target_precision)
+    result = train(
+        args.kind,
+        args.target,
+        args.data,
+        args.output,
+        heads=args.heads,
+        max_examples=_one_or_each(args.max_examples),
+        max_tokens=args.max_tokens,
+        distill_tokens=args.distill,
+        distill_examples=_one_or_each(args.distill_examples),
+        cache=args.cache,
+        settings=settings,
+        eagle=args.eagle,
+        distill_batch=args.distill_batch,
+        feature_batch=args.feature_batch,
+        target_precision=args.target_precision,
+    )
     top1 = ", ".join(f"{a:.1%}" for a in result["held_out_top1"])
-    kind = "held-out top-1 (teacher-forced)" if len(result["held_out_top1"]) == 1 or args.kind == "medusa" else \
-        "held-out top-1 by draft depth"
-    print(f"trained a {args.kind} head for {result['target']} in {result['steps']} steps; {kind} {top1}; draft vocabulary {result['draft_vocab']} tokens covering "
-          f"{result['draft_vocab_coverage']:.1%}; saved in {args.output}")
+    kind = (
+        "held-out top-1 (teacher-forced)"
+        if len(result["held_out_top1"]) == 1 or args.kind == "medusa"
+        else "held-out top-1 by draft depth"
+    )
+    print(
+        f"trained a {args.kind} head for {result['target']} in {result['steps']} steps; {kind} {top1}; "
+        f"draft vocabulary {result['draft_vocab']} tokens covering "
+        f"{result['draft_vocab_coverage']:.1%}; saved in {args.output}"
+    )
     return 0
 
 
@@ -346,10 +502,20 @@ def _bench(args: argparse.Namespace) -> int:
         raise QuickdraftError(f"--per-category must be >= 1, got {args.per_category}")
     BenchSettings(1, args.temperature, args.repeats).check()  # before loading anything
     decoder = quickdraft.load(args.target, args.draft, "none", **given_options(args))
-    paths = bench(decoder, args.methods, args.output, args.data, args.categories, args.per_category,
-                  args.max_new_tokens, args.temperature, args.repeats,
-                  peers=() if args.no_peers else tuple(args.peers), quick=args.quick,
-                  command=shlex.join(["quickdraft", *args.argv]))
+    paths = bench(
+        decoder,
+        args.methods,
+        args.output,
+        args.data,
+        args.categories,
+        args.per_category,
+        args.max_new_tokens,
+        args.temperature,
+        args.repeats,
+        peers=() if args.no_peers else tuple(args.peers),
+        quick=args.quick,
+        command=shlex.join(["quickdraft", *args.argv]),
+    )
     report = paths["report"].read_text()
     print(report[: report.index("\n## ", report.index("## overall") + 1)].rstrip())  # header + overall table
     print("\nwrote " + ", ".join(str(path) for path in paths.values()))
@@ -363,27 +529,50 @@ def _serve(args: argparse.Namespace) -> int:
     from quickdraft.serve.gate import allowed_hosts
 
     _set_threads(args.threads)
-    for flag, value in (("--max-batch", args.max_batch), ("--max-queue", args.max_queue),
-                        ("--max-tokens-limit", args.max_tokens_limit), ("--max-body-bytes", args.max_body_bytes)):
+    for flag, value in (
+        ("--max-batch", args.max_batch),
+        ("--max-queue", args.max_queue),
+        ("--max-tokens-limit", args.max_tokens_limit),
+        ("--max-body-bytes", args.max_body_bytes),
+    ):
         if value < 1:
             raise QuickdraftError(f"{flag} must be >= 1, got {value}")
     if args.drain_seconds < 0:
         raise QuickdraftError(f"--drain-seconds must be >= 0, got {args.drain_seconds}")
+
     def load() -> quickdraft.Decoder:
         loaded = quickdraft.load(args.target, args.draft, args.method, **given_options(args))
         loaded.warm_up()  # one-time checks and timings now, not in the first request
         return loaded
 
     decoder = in_passing_thread(load)
-    app = create_app(decoder, args.model_name, args.max_batch, args.max_queue, args.max_tokens_limit,
-                     args.drain_seconds, args.max_body_bytes, args.api_key or None,
-                     allowed_hosts(args.host, args.allowed_host))
+    app = create_app(
+        decoder,
+        args.model_name,
+        args.max_batch,
+        args.max_queue,
+        args.max_tokens_limit,
+        args.drain_seconds,
+        args.max_body_bytes,
+        args.api_key or None,
+        allowed_hosts(args.host, args.allowed_host),
+    )
     from quickdraft.memory import loaded_memory
 
-    print("\n".join(["quickdraft: memory at --max-batch sequences (also at /metrics):",
-                     *loaded_memory(decoder, args.max_batch).lines()]), file=sys.stderr)
-    print(f"quickdraft: serving {args.model_name or decoder.target.name} ({decoder.method}, k={decoder.k}) "
-          f"on http://{args.host}:{args.port}/v1" + (" (API key required)" if args.api_key else ""), file=sys.stderr)
+    print(
+        "\n".join(
+            [
+                "quickdraft: memory at --max-batch sequences (also at /metrics):",
+                *loaded_memory(decoder, args.max_batch).lines(),
+            ]
+        ),
+        file=sys.stderr,
+    )
+    print(
+        f"quickdraft: serving {args.model_name or decoder.target.name} ({decoder.method}, k={decoder.k}) "
+        f"on http://{args.host}:{args.port}/v1" + (" (API key required)" if args.api_key else ""),
+        file=sys.stderr,
+    )
     DrainingServer(app, args.host, args.port).run()
     return 0
 
@@ -397,10 +586,21 @@ def _generate(args: argparse.Namespace) -> int:
     if args.verbose and not args.json:
         from quickdraft.memory import loaded_memory
 
-        print("\n".join([f"backend: {decoder.backend_reason}", "memory:", *loaded_memory(decoder).lines()]),
-              file=sys.stderr)
-    generation = decoder.start(prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                               top_p=args.top_p, seed=args.seed, stop=args.stop, chat=args.chat, text=True)
+        print(
+            "\n".join([f"backend: {decoder.backend_reason}", "memory:", *loaded_memory(decoder).lines()]),
+            file=sys.stderr,
+        )
+    generation = decoder.start(
+        prompt,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=args.stop,
+        chat=args.chat,
+        text=True,
+    )
     streaming = not args.json and not args.verbose
     for step in generation:
         if args.verbose and not args.json:
@@ -412,8 +612,10 @@ def _generate(args: argparse.Namespace) -> int:
         print(json.dumps(out.to_dict() | {"method": decoder.method, "k": decoder.k}))
         return 0
     print(generation.text.delta() if streaming else out.text)  # the rest, or all of it after the step lines
-    print(f"[{decoder.method}, k={decoder.k}, {decoder.draft_length} K, {decoder.precision}] {out.stats.summary()}",
-          file=sys.stderr)
+    print(
+        f"[{decoder.method}, k={decoder.k}, {decoder.draft_length} K, {decoder.precision}] {out.stats.summary()}",
+        file=sys.stderr,
+    )
     if decoder.calibration:
         speeds = ", ".join(f"{depth} layers {speed:.1f} tok/s" for depth, speed in decoder.calibration.items())
         print(f"self-spec calibration: {speeds}; chose {decoder.config.layers}", file=sys.stderr)
@@ -433,17 +635,20 @@ def predicted_line(stats) -> str:
     cost_ratio = t_draft / t_pass
     speedup = predicted_speedup(alpha, k_int, cost_ratio)
     best = best_k(alpha, cost_ratio, 16)
-    return (f"predicted: {expected_tokens_per_pass(alpha, k_int):.2f} tokens per pass (measured "
-            f"{stats.mean_accepted_tokens:.2f}) and {speedup:.2f}x over plain decoding at alpha={alpha:.2f}, "
-            f"K={k_int}, cost ratio {cost_ratio:.3f} (verify cost taken as flat; "
-            f"quickdraft bench measures the speedup); best K for these: {best}")
+    return (
+        f"predicted: {expected_tokens_per_pass(alpha, k_int):.2f} tokens per pass (measured "
+        f"{stats.mean_accepted_tokens:.2f}) and {speedup:.2f}x over plain decoding at alpha={alpha:.2f}, "
+        f"K={k_int}, cost ratio {cost_ratio:.3f} (verify cost taken as flat; "
+        f"quickdraft bench measures the speedup); best K for these: {best}"
+    )
 
 
 def _analyze(args: argparse.Namespace) -> int:
     if (args.alpha is None) != (args.k is None):
         raise QuickdraftError("give both --alpha and --k, or neither for the default table")
-    cases = [(args.alpha, args.k)] if args.alpha is not None else [
-        (alpha, k) for alpha in (0.5, 0.7, 0.9) for k in (4, 8)]
+    cases = (
+        [(args.alpha, args.k)] if args.alpha is not None else [(alpha, k) for alpha in (0.5, 0.7, 0.9) for k in (4, 8)]
+    )
     for alpha, k in cases:
         if not 0.0 <= alpha <= 1.0 or k < 1:
             raise QuickdraftError("--alpha must be in [0, 1] and --k >= 1")
@@ -452,8 +657,10 @@ def _analyze(args: argparse.Namespace) -> int:
     print(f"{'alpha':>6} {'K':>3} {'E tokens/pass':>14} {'time/token':>11} {'speedup':>8} {'best K':>7}")
     for alpha, k in cases:
         e = expected_tokens_per_pass(alpha, k)
-        print(f"{alpha:>6.2f} {k:>3d} {e:>14.3f} {time_per_token(alpha, k, c, v):>11.3f} "
-              f"{predicted_speedup(alpha, k, c, v):>7.2f}x {best_k(alpha, c, args.k_max):>7d}")
+        print(
+            f"{alpha:>6.2f} {k:>3d} {e:>14.3f} {time_per_token(alpha, k, c, v):>11.3f} "
+            f"{predicted_speedup(alpha, k, c, v):>7.2f}x {best_k(alpha, c, args.k_max):>7d}"
+        )
     print("time/token is in units of one plain target pass; speedup = 1 / time/token.")
     if args.plot:
         from quickdraft.plots import plot_speedup_vs_k

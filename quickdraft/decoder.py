@@ -129,7 +129,7 @@ class Decoder:
         passes for the cost model. A server calls it before it takes requests, so no request waits."""
         for backend in (self.target_backend, getattr(self.drafter, "backend", None)):
             getattr(backend, "exact_rows", None)  # reading it runs the check, once per backend
-        self.prior_slope  # reads pass_ms, and so times the passes once
+        _ = self.prior_slope  # reads pass_ms, and so times the passes once
 
     @property
     def method(self) -> str:

@@ -147,7 +147,7 @@ def test_exported_configs_name_the_sizes_and_each_engines_layer_ids(target, expo
     from transformers import AutoConfig
 
     c = Eagle3Config.from_target(target.config)
-    for fmt, out in exported.items():
+    for out in exported.values():
         config = json.loads((out / "config.json").read_text())
         assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["model_type"] == "llama"
         sizes = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")

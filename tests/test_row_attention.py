@@ -85,7 +85,10 @@ def test_attention_is_softmax_attention():
 def test_a_tree_inside_one_chunk_is_one_group_and_a_crossing_one_gathers_deep_rows_alone():
     parents = [-1, -1, 1, 2]  # two children of the root; the second has a chain of two below it
     n = len(parents) + 1
-    mask = lambda start: torch.cat([torch.ones(n, start, dtype=torch.bool), tree_mask(parents)], dim=1)
+
+    def mask(start: int) -> torch.Tensor:  # [n, start + n]: the prefix, then the tree
+        return torch.cat([torch.ones(n, start, dtype=torch.bool), tree_mask(parents)], dim=1)
+
     inside = row_groups(10, n, mask(10))
     assert len(inside) == 1 and inside[0].tail_index.shape == (n, KEY_CHUNK) and inside[0].prefix_index is None
     crossing = row_groups(KEY_CHUNK - 2, n, mask(KEY_CHUNK - 2))  # depth 2 and 3 rows sit in the next chunk,
@@ -99,7 +102,10 @@ def test_a_tree_inside_one_chunk_is_one_group_and_a_crossing_one_gathers_deep_ro
 def test_trees_read_in_place_are_one_group_of_whole_chunks_and_deep_rows_of_a_crossing_tree_gather():
     parents = [-1, -1, 1, 2]  # two children of the root; the second has a chain of two below it
     n = len(parents) + 1
-    mask = lambda start: torch.cat([torch.ones(n, start, dtype=torch.bool), tree_mask(parents)], dim=1)
+
+    def mask(start: int) -> torch.Tensor:  # [n, start + n]: the prefix, then the tree
+        return torch.cat([torch.ones(n, start, dtype=torch.bool), tree_mask(parents)], dim=1)
+
     (inside,) = row_groups(10, n, mask(10), in_place=True)
     assert inside.tail_index is None and inside.prefix == 0 and inside.tail == KEY_CHUNK
     # Row 1 (the first child) sees slots 0..10 and 11, not its sibling at 12 nor what follows.

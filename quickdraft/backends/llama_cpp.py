@@ -459,8 +459,8 @@ class LlamaCppBackend:
     def _run(self, passes: list[SeqPass], layouts: list[_Layout], step: int) -> tuple[list[dict], list[dict]]:
         """Decode every layout: the first pass of each sequence (its prompt, the same pass whatever
         the method or the batch) alone, in decodes of up to batch_tokens that llama.cpp splits as it
-        likes (its fast tiled path for long prompts); every later pass in decodes of at most `step` (exact_rows) tokens, where each
-        row gets the bits a one-token pass gives it. Returns, per pass, its logits rows and
+        likes (its fast tiled path for long prompts); every later pass in decodes of at most `step`
+        (exact_rows) tokens, where each row gets the bits a one-token pass gives it. Returns, per pass, its logits rows and
         hidden rows by place in its layout."""
         entries = [(k, i) for k, layout in enumerate(layouts) for i in range(len(layout.tokens))]
         first = [(k, i) for k, i in entries if passes[k].cache.length == 0]

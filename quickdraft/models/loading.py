@@ -3,8 +3,8 @@
 A loaded model is its config, its tokenizer and a weight source (models/weights.py): backends read
 the weights from the file tensor by tensor, and llama.cpp opens a GGUF file itself. The
 transformers model is built only when something asks for it (the hf backend, in the checkpoint's
-own dtype; the transformers peers), once per dtype. A GGUF file's tokenizer is built once from its metadata and cached (seconds
-for Gemma 3's 262,144 tokens). Every failure becomes a one-line QuickdraftError.
+own dtype; the transformers peers), once per dtype. A GGUF file's tokenizer is built once from its
+metadata and cached (seconds for Gemma 3's 262,144 tokens). Every failure becomes a one-line QuickdraftError.
 """
 
 from __future__ import annotations
