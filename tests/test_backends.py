@@ -20,6 +20,7 @@ from quickdraft.sampling import SamplingParams
 
 from conftest import loaded, tiny_llama
 from seq_util import Seq, hf, native, static
+from spec_util import assert_speculated
 
 
 @pytest.mark.parametrize("make", [hf, native, static], ids=["hf", "native", "static"])
@@ -121,6 +122,7 @@ def test_a_batched_pass_equals_each_sequence_alone():
         NativeBackend(backend.weights, "t", layers=[0]).forward([SeqPass(batched[0].cache, [1])])
 
 
+@pytest.mark.speculation
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
 def test_two_sequences_of_different_methods_and_lengths_in_one_step_equal_each_alone(tiny_target, tiny_draft,
                                                                                      precision):
@@ -140,7 +142,7 @@ def test_two_sequences_of_different_methods_and_lengths_in_one_step_equal_each_a
         alone = decoder.generate(prompt, max_new_tokens=length)
         assert generation.new_tokens == alone.token_ids
         assert generation.stats.target_passes == alone.stats.target_passes
-    assert sum(g.stats.accepted_tokens for g in together) > 0
+    assert_speculated(together)
 
 
 class ToyBackend:
@@ -182,26 +184,29 @@ class ToyBackend:
         return outputs
 
 
-def run_alone(backend, prompt: list[int], n: int, k: int, temperature: float = 0.0, seed: int = 0) -> list[int]:
+def run_alone(backend, prompt: list[int], n: int, k: int, temperature: float = 0.0, seed: int = 0) -> Generation:
     generation = Generation(backend, PromptLookupDrafter(2, 1), prompt, draft_length=make_draft_length("fixed", k),
                             max_new_tokens=n, sampling=SamplingParams(temperature), generator=torch.Generator()
                             .manual_seed(seed))
     prefill([generation])
     while not generation.done:
         step([generation])
-    return generation.new_tokens
+    return generation
 
 
+@pytest.mark.speculation
 def test_a_toy_backend_built_from_the_protocol_alone_runs_the_engine():
     backend = ToyBackend()
     prompt = [1, 2, 3, 1, 2]
-    plain = run_alone(backend, prompt, 25, 0)
+    plain = run_alone(backend, prompt, 25, 0).new_tokens
     expected, token = [], prompt[-1]
     for _ in range(25):  # greedy bigram decoding, by hand
         token = int(backend.table[token].argmax())
         expected.append(token)
     assert plain == expected
-    assert run_alone(backend, prompt, 25, 4) == plain  # speculation over the toy backend is exact too
+    spec = run_alone(backend, prompt, 25, 4)
+    assert spec.new_tokens == plain  # speculation over the toy backend is exact too
+    assert_speculated([spec])
     # Two toy sequences in one step equal each alone, sampled with their own seeds.
     generations = [Generation(backend, PromptLookupDrafter(2, 1), p, draft_length=make_draft_length("fixed", 3),
                               max_new_tokens=15, sampling=SamplingParams(1.0),
@@ -210,7 +215,7 @@ def test_a_toy_backend_built_from_the_protocol_alone_runs_the_engine():
     while any(not g.done for g in generations):
         step([g for g in generations if not g.done])
     for seed, (g, p) in enumerate(zip(generations, [prompt, [4, 5, 4]])):
-        assert g.new_tokens == run_alone(backend, p, 15, 3, 1.0, seed)
+        assert g.new_tokens == run_alone(backend, p, 15, 3, 1.0, seed).new_tokens
 
 
 def test_causal_mask_and_logit_rows():

@@ -10,6 +10,7 @@ from quickdraft.draft_length import AdaptiveK, CostModelK, FixedK, PassCosts, ma
 from quickdraft.stats import StepRecord
 
 from conftest import loaded, perturbed_copy
+from spec_util import assert_speculated
 
 PROMPTS = [[1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9]]
 
@@ -212,6 +213,7 @@ def test_unknown_policy_is_refused():
         make_draft_length("random", 4)
 
 
+@pytest.mark.speculation
 @pytest.mark.parametrize("options", [
     {"draft_length": "adaptive", "k_max": 6},
     {"draft_length": "cost", "k_max": 6},
@@ -221,13 +223,15 @@ def test_unknown_policy_is_refused():
 def test_dynamic_draft_length_stays_lossless_and_in_bounds(tiny_target, tiny_draft, options):
     plain = Decoder(loaded(tiny_target, "t"), None, "none")
     spec = Decoder(loaded(tiny_target, "t"), loaded(tiny_draft, "d"), "draft", 3, **options)
-    ks = []
+    ks, outputs = [], []
     for prompt in PROMPTS:
         out = spec.generate(prompt, max_new_tokens=40)
         assert out.token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
         for record in out.steps:
             assert 0 <= len(record.draft_tokens) <= record.k <= 6
         ks += [record.k for record in out.steps[:-1]]
+        outputs.append(out)
+    assert_speculated(outputs)
     if options.get("draft_length") in ("adaptive", "cost"):
         assert len(set(ks)) > 1, "K must react to what the steps measured"
 

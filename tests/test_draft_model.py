@@ -3,12 +3,14 @@ prompt, and a draft with fewer logits than the target (a padded target vocabular
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import LlamaForCausalLM
 
 from quickdraft import Decoder
 
 from conftest import loaded, tiny_llama
+from spec_util import assert_speculated
 
 
 def narrower_copy(model: LlamaForCausalLM, vocab: int) -> LlamaForCausalLM:
@@ -22,6 +24,7 @@ def narrower_copy(model: LlamaForCausalLM, vocab: int) -> LlamaForCausalLM:
     return draft
 
 
+@pytest.mark.speculation
 def test_a_draft_whose_context_is_shorter_than_the_prompt_stops_drafting_for_that_sequence(tiny_target):
     short = tiny_llama(seed=1, max_positions=16)  # the target's own weights, a 16-token context
     target, draft = loaded(tiny_target, "t"), loaded(short, "short")
@@ -34,10 +37,11 @@ def test_a_draft_whose_context_is_shorter_than_the_prompt_stops_drafting_for_tha
     # A prompt that fits: drafts until the sequence outgrows the draft's context, then plain steps.
     out = spec.generate([1, 2, 3, 4, 5], max_new_tokens=40)
     assert out.token_ids == plain.generate([1, 2, 3, 4, 5], max_new_tokens=40).token_ids
-    assert out.stats.accepted_tokens > 0
+    assert_speculated([out])
     assert all(not step.draft_tokens for step in out.steps[-10:])
 
 
+@pytest.mark.speculation
 def test_a_draft_with_fewer_logits_skips_the_steps_after_an_id_it_lacks(tiny_target):
     target = loaded(tiny_target, "t")
     spec = Decoder(target, loaded(narrower_copy(tiny_target, 24), "narrow"), "draft", 3)
@@ -45,7 +49,7 @@ def test_a_draft_with_fewer_logits_skips_the_steps_after_an_id_it_lacks(tiny_tar
     prompt = [30, 2, 27, 4, 31, 6]  # ids 24..31 exist only in the target
     out = spec.generate(prompt, max_new_tokens=40)
     assert out.token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
-    assert out.stats.accepted_tokens > 0
+    assert_speculated([out], min_rate=0.1)  # the steps after an id the draft lacks verify nothing
     sampled = [spec.generate(prompt, max_new_tokens=30, temperature=1.0, seed=seed) for seed in range(20)]
     tokens = [t for out in sampled for t in out.token_ids]
     assert max(tokens) >= 24  # the target did sample ids the draft lacks, and nothing broke

@@ -19,6 +19,7 @@ from quickdraft.training.train_eagle import train_eagle
 from quickdraft.training.train_eagle3 import train_eagle3
 from quickdraft.training.train_medusa import train_medusa
 from stats_util import chi_square_p_value, sample_batched
+from spec_util import assert_speculated
 
 
 def train_heads(model, folder, vocab):
@@ -55,6 +56,8 @@ def heads(tiny_target, tmp_path_factory):
     return train_heads(tiny_target, tmp_path_factory.mktemp("heads"), 32)
 
 
+@pytest.mark.chance
+@pytest.mark.speculation
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
 @pytest.mark.parametrize("k,top_k,nodes", [(1, 1, 1), (3, 2, 6), (5, 4, 16)])
@@ -64,16 +67,18 @@ def test_head_drafters_greedy_equal_plain(tiny_target, heads, method, k, top_k, 
     plain = Decoder(loaded(tiny_target, "t"), None, "none", device=device)
     spec = Decoder(loaded(tiny_target, "t"), None, method_of(method), k, head=str(heads / method), tree_top_k=top_k,
                    tree_nodes=nodes, device=device, lookup=k >= 3)
-    accepted = 0
+    outputs = []
     for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [4]):
         out = spec.generate(prompt, max_new_tokens=40)
         assert out.token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
-        accepted += out.stats.accepted_tokens
+        outputs.append(out)
         assert all(len(step.draft_tokens) <= nodes for step in out.steps)
         assert all((step.tree_depth or 0) <= depth for step in out.steps)
-    assert accepted > 0, "trained heads must get drafts accepted"
+    assert_speculated(outputs)  # trained heads must get drafts accepted
 
 
+@pytest.mark.chance
+@pytest.mark.speculation
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
 def test_head_drafters_on_the_static_backend_greedy_equal_plain(tiny_target, heads, method, precision):
@@ -83,12 +88,11 @@ def test_head_drafters_on_the_static_backend_greedy_equal_plain(tiny_target, hea
     plain = Decoder(loaded(tiny_target, "t"), None, "none", **options)
     spec = Decoder(loaded(tiny_target, "t"), None, method_of(method), 4, head=str(heads / method), tree_nodes=16,
                    **options)
-    accepted = 0
+    outputs = []
     for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9]):
-        out = spec.generate(prompt, max_new_tokens=100)
-        assert out.token_ids == plain.generate(prompt, max_new_tokens=100).token_ids
-        accepted += out.stats.accepted_tokens
-    assert accepted > 0
+        outputs.append(spec.generate(prompt, max_new_tokens=100))
+        assert outputs[-1].token_ids == plain.generate(prompt, max_new_tokens=100).token_ids
+    assert_speculated(outputs)
 
 
 def test_eagle_drafts_deeper_than_one_level_get_accepted(tiny_target, heads):
@@ -112,12 +116,14 @@ def test_eagle_drafts_deeper_than_one_level_get_accepted(tiny_target, heads):
     assert deep > shallow, (deep, shallow)
 
 
+@pytest.mark.speculation
 def test_head_drafters_through_the_transformers_backend(tiny_target, heads):
     plain = Decoder(loaded(tiny_target, "t"), None, "none", backend="hf").generate([3, 1, 4, 1, 5], 30)
     for method in ("medusa", "eagle", "eagle3"):
         out = Decoder(loaded(tiny_target, "t"), None, method_of(method), 3, head=str(heads / method), backend="hf"
                       ).generate([3, 1, 4, 1, 5], 30)
-        assert out.token_ids == plain.token_ids and out.stats.accepted_tokens > 0
+        assert out.token_ids == plain.token_ids
+        assert_speculated([out], label=method)
 
 
 def test_missing_or_mismatched_heads_are_refused(tiny_target, heads, tmp_path):
@@ -145,6 +151,8 @@ def small(tmp_path_factory):
     return model, train_heads(model, tmp_path_factory.mktemp("small"), VOCAB)
 
 
+@pytest.mark.chance
+@pytest.mark.speculation
 @pytest.mark.parametrize("method,params,lookup", [
     ("medusa", SamplingParams(temperature=1.0), False),
     ("eagle", SamplingParams(temperature=1.0), False),
@@ -163,14 +171,18 @@ def test_sampled_output_follows_the_target(small, method, params, lookup):
                       tree_nodes=5, lookup=lookup)
     counts = torch.zeros(VOCAB, VOCAB)
     trees = 0
-    for out in sample_batched(decoder, prompt, RUNS, 3, temperature=params.temperature, top_k=params.top_k,
-                              top_p=params.top_p):
+    outputs = sample_batched(decoder, prompt, RUNS, 3, temperature=params.temperature, top_k=params.top_k,
+                             top_p=params.top_p)
+    for out in outputs:
         counts[out.token_ids[0], out.token_ids[1]] += 1
         trees += out.steps[0].accepted >= 1
     assert trees > RUNS // 10, "the first pass must accept tree nodes for the test to bite"
+    assert_speculated(outputs)
     assert chi_square_p_value(counts, expected) > 1e-3
 
 
+@pytest.mark.chance
+@pytest.mark.speculation
 @pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
 def test_batched_head_drafters_equal_each_alone(tiny_target, heads, method, precision):
@@ -195,8 +207,10 @@ def test_batched_head_drafters_equal_each_alone(tiny_target, heads, method, prec
     for collector, prompt, (name, k), length in zip(collectors, PROMPTS, jobs, lengths):
         alone = decoder.with_method(name, k).generate(prompt, max_new_tokens=length)
         assert collector.output.token_ids == alone.token_ids, (name, k)
+    assert_speculated([c.output for c, (name, _) in zip(collectors, jobs) if name == method_of(method)])
 
 
+@pytest.mark.speculation
 def test_full_vocabulary_drafting_stays_exact(tiny_target, heads):
     plain = Decoder(loaded(tiny_target, "t"), None, "none").generate([2, 7, 1, 8], 30)
     for method in ("medusa", "eagle"):
@@ -204,22 +218,26 @@ def test_full_vocabulary_drafting_stays_exact(tiny_target, heads):
             decoder = Decoder(loaded(tiny_target, "t"), None, method, 3, head=str(heads / method), full_vocab=full)
             head = decoder.drafter.heads if method == "medusa" else decoder.drafter.head
             assert head.vocab.numel() == size and head.logits_layer.inner.out_features == size
-            assert decoder.generate([2, 7, 1, 8], 30).token_ids == plain.token_ids
+            out = decoder.generate([2, 7, 1, 8], 30)
+            assert out.token_ids == plain.token_ids
+            assert_speculated([out], label=(method, size))
 
 
+@pytest.mark.chance
+@pytest.mark.speculation
 @pytest.mark.parametrize("method", ["medusa", "eagle"])
 def test_static_trees_greedy_equal_plain(tiny_target, heads, method):
     plain = Decoder(loaded(tiny_target, "t"), None, "none")
     spec = Decoder(loaded(tiny_target, "t"), None, method, 3, head=str(heads / method), tree="static",
                    tree_nodes=8)
-    accepted = 0
+    outputs = []
     for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9]):
         out = spec.generate(prompt, max_new_tokens=40)
         assert out.token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
         # The fixed shape, whole, except where the output's end leaves room for fewer levels.
         assert sum(len(step.draft_tokens) != 8 for step in out.steps) <= 3
-        accepted += out.stats.accepted_tokens
-    assert accepted > 0
+        outputs.append(out)
+    assert_speculated(outputs)
 
 
 def test_the_tree_size_follows_the_targets_measured_pass_costs(tiny_target, heads, tmp_path):
@@ -246,6 +264,7 @@ def test_the_tree_size_follows_the_targets_measured_pass_costs(tiny_target, head
         assert costs and measured.drafter.nodes == tree_budget(costs) and dict(measured.drafter.pass_ms) == costs
 
 
+@pytest.mark.speculation
 @pytest.mark.parametrize("lookup", [False, True])
 @pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
 def test_trees_sized_each_step_by_measured_cost_greedy_equal_plain(tiny_target, heads, method, lookup):
@@ -258,14 +277,17 @@ def test_trees_sized_each_step_by_measured_cost_greedy_equal_plain(tiny_target, 
                                                                             5: 20.0, 8: 21.0}
     spec = Decoder(target, None, method_of(method), head=str(heads / method), measure_shapes=False, lookup=lookup)
     plain = Decoder(loaded(tiny_target, "t"), None, "none", measure_shapes=False)
-    sizes = set()
+    sizes, outputs = set(), []
     for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [4]):
         out = spec.generate(prompt, max_new_tokens=40)
         assert out.token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
         sizes |= {len(step.draft_tokens) for step in out.steps}
+        outputs.append(out)
     assert len(sizes) > 1 and (max(sizes) <= 4 or lookup), sizes
+    assert_speculated(outputs)
 
 
+@pytest.mark.speculation
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_an_eagle_head_rests_where_none_of_its_nodes_could_pay(tiny_target, heads, method):
     # A sequence whose record says its head gets 5% of what it expects: no head node can pay for
@@ -280,8 +302,9 @@ def test_an_eagle_head_rests_where_none_of_its_nodes_could_pay(tiny_target, head
     spec = Decoder(target, None, "eagle", head=str(heads / method), measure_shapes=False, lookup=True)
     plain = Decoder(loaded(tiny_target, "t"), None, "none", measure_shapes=False)
     rested = drafted = 0
+    generations = []
     for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9]):
-        generation = spec.start(prompt, max_new_tokens=60)
+        generations.append(generation := spec.start(prompt, max_new_tokens=60))
         record = generation.draft_state.record
         record.head_expected, record.head_accepted = 1000.0, 50.0
         while not generation.done:
@@ -291,8 +314,11 @@ def test_an_eagle_head_rests_where_none_of_its_nodes_could_pay(tiny_target, head
             rested, drafted = rested + (idle > 0), drafted + (idle == 0)
         assert generation.new_tokens == plain.generate(prompt, max_new_tokens=60).token_ids
     assert rested > drafted > 0, (rested, drafted)
+    assert_speculated(generations, min_rate=0.1)  # the head rests most steps: few passes verify a draft
 
 
+@pytest.mark.chance
+@pytest.mark.speculation
 @pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
 def test_a_lookup_branch_stays_exact_and_gets_accepted(tiny_target, heads, method):
     # The tiny target's greedy text repeats itself in places (17 17 17, 1 1 1 1): there prompt
@@ -300,9 +326,9 @@ def test_a_lookup_branch_stays_exact_and_gets_accepted(tiny_target, heads, metho
     plain = Decoder(loaded(tiny_target, "t"), None, "none")
     branched = Decoder(loaded(tiny_target, "t"), None, method_of(method), 4, lookup=True, head=str(heads / method),
                        tree_nodes=4)
-    from_branch = 0
+    from_branch, generations = 0, []
     for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [4]):
-        generation = branched.start(prompt, max_new_tokens=60)
+        generations.append(generation := branched.start(prompt, max_new_tokens=60))
         while not generation.done:
             assert len(generation.step().draft_tokens) <= 4
         assert generation.new_tokens == plain.generate(prompt, max_new_tokens=60).token_ids
@@ -310,3 +336,4 @@ def test_a_lookup_branch_stays_exact_and_gets_accepted(tiny_target, heads, metho
         from_branch += record.first.accepted - start.first.accepted + record.next.accepted - start.next.accepted
         assert record.first.accepted < record.first.tried and record.next.accepted < record.next.tried
     assert from_branch > 0
+    assert_speculated(generations)

@@ -20,6 +20,7 @@ from quickdraft.models.native_weights import NativeWeights
 
 from conftest import loaded, tiny_llama
 from seq_util import Seq
+from spec_util import LOOPING, assert_speculated
 
 KERNELS = [Kernel(True, 0), Kernel(False, 0), Kernel(True, 16), Kernel(False, 12)]
 
@@ -60,6 +61,7 @@ def test_the_row_kernels_are_measured_once_then_read_from_their_file(tmp_path):
     assert measure_row_kernels(NativeWeights.from_model(tiny_llama(seed=1), "bf16"), tmp_path, progress=False) == {}
 
 
+@pytest.mark.speculation
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
 def test_forced_row_kernels_change_no_logit_and_no_token(tiny_target, precision):
     weights = NativeWeights.from_model(tiny_target, precision)
@@ -71,10 +73,13 @@ def test_forced_row_kernels_change_no_logit_and_no_token(tiny_target, precision)
         assert torch.equal(a, b) if precision == "int4" else torch.allclose(a, b, atol=1e-5)
     target = loaded(tiny_target, "t")
     reference = Decoder(target, None, "none", precision=precision, measure_shapes=False)
-    decoder = Decoder(target, None, "prompt-lookup", 4, precision=precision, measure_shapes=False)
+    decoder = Decoder(target, None, "prompt-lookup", 4, precision=precision, measure_shapes=False,
+                      draft_length="fixed")  # drafts every step: verify passes of several rows
     decoder.target_backend.row_kernels = padded.row_kernels  # this decoder's backend (not shared: measure_shapes=False)
-    prompt = [1, 2, 3, 1, 2, 3, 1]
-    assert decoder.generate(prompt, 30).token_ids == reference.generate(prompt, 30).token_ids
+    prompt = LOOPING  # drafts get accepted: passes of several rows decide tokens
+    out = decoder.generate(prompt, 30)
+    assert out.token_ids == reference.generate(prompt, 30).token_ids
+    assert_speculated([out])
 
 
 def test_the_transformers_backend_pads_passes_and_keeps_its_cache_exact(tiny_target, tmp_path):

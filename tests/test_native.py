@@ -13,6 +13,7 @@ from quickdraft.tree import tree_mask
 
 from conftest import loaded, tiny_llama
 from seq_util import hf, native
+from spec_util import LOOPING, assert_speculated
 
 
 def tiny_qwen2(seed: int = 4) -> Qwen2ForCausalLM:
@@ -82,14 +83,19 @@ def test_cache_grows_past_its_first_allocation():
     assert torch.allclose(ours.forward([3]), reference.forward([3]), atol=1e-4)
 
 
+@pytest.mark.speculation
 @pytest.mark.parametrize("method", ["draft", "prompt-lookup", "self-spec", "lookahead"])
 def test_speculation_on_the_native_backend_equals_plain_transformers_decoding(tiny_target, tiny_draft, method):
     plain = Decoder(loaded(tiny_target, "t"), None, "none", backend="hf")
     draft = loaded(tiny_draft, "d") if method == "draft" else None
     options = {"layers": 1} if method == "self-spec" else {}
-    spec = Decoder(loaded(tiny_target, "t"), draft, method, 3, backend="native", **options)
-    for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9]):
-        assert spec.generate(prompt, max_new_tokens=33).token_ids == plain.generate(prompt, max_new_tokens=33).token_ids
+    # fixed: every step drafts (prompt lookup's cost model may choose K = 0)
+    spec = Decoder(loaded(tiny_target, "t"), draft, method, 3, backend="native", draft_length="fixed", **options)
+    outputs = []
+    for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], LOOPING):
+        outputs.append(spec.generate(prompt, max_new_tokens=33))
+        assert outputs[-1].token_ids == plain.generate(prompt, max_new_tokens=33).token_ids
+    assert_speculated(outputs)
 
 
 def test_unsupported_architecture_falls_back_or_is_refused():
@@ -189,6 +195,7 @@ def test_gemma3_logits_equal_transformers_across_the_sliding_window():
     assert torch.allclose(seq.forward(tokens[10:]), reference[10:], atol=1e-4)
 
 
+@pytest.mark.speculation
 def test_gemma3_speculation_equals_plain_greedy_and_transformers():
     model = tiny_gemma3()
     target = LoadedModel.of(model, None, "gemma")
@@ -201,7 +208,9 @@ def test_gemma3_speculation_equals_plain_greedy_and_transformers():
     assert reference == out[0, len(prompt):].tolist()
     for method, options in (("prompt-lookup", {"draft_length": "fixed"}), ("lookahead", {}), ("self-spec", {"layers": 2})):
         spec = Decoder(target, None, method, 4, measure_shapes=False, **options)
-        assert spec.generate(prompt, max_new_tokens=30).token_ids == reference, method
+        out = spec.generate(prompt, max_new_tokens=30)
+        assert out.token_ids == reference, method
+        assert_speculated([out], label=method)
 
 
 def test_gemma3_below_fp32_and_on_the_static_backend_is_refused_or_goes_to_transformers():

@@ -13,6 +13,7 @@ from quickdraft.models.quantize import dequantize_int4, dequantize_int8, quantiz
 from quickdraft.models.quantized_linear import Int4Linear, Int8Linear
 
 from seq_util import Seq, native
+from spec_util import assert_speculated, speculated
 from conftest import loaded, tiny_llama
 from test_native import tiny_qwen2
 
@@ -112,6 +113,7 @@ PROMPTS = [[1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9, 9, 2, 7]]
 SPARE_PROMPTS = [torch.randint(0, 32, (12,), generator=torch.Generator().manual_seed(s)).tolist() for s in range(40)]
 
 
+@pytest.mark.speculation
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])
 @pytest.mark.parametrize("method", ["draft", "prompt-lookup", "self-spec", "lookahead"])
 def test_greedy_speculation_equals_plain_greedy_at_the_same_precision(tiny_target, tiny_draft, precision, method):
@@ -122,24 +124,26 @@ def test_greedy_speculation_equals_plain_greedy_at_the_same_precision(tiny_targe
     # fixed: every step drafts (prompt lookup's cost model may choose K = 0 where verify passes are dear)
     specs = [Decoder(target, draft, method, k, precision=precision, draft_length="fixed", **options)
              for k in (1, 3, 8)]
-    accepted = 0
+    outputs = []
     for number, prompt in enumerate(PROMPTS + SPARE_PROMPTS):
-        if number >= len(PROMPTS) and accepted > 0:
+        if number >= len(PROMPTS) and speculated(outputs):
             break
         expected = plain.generate(prompt, max_new_tokens=40).token_ids
         for spec in specs:
-            out = spec.generate(prompt, max_new_tokens=40)
-            assert out.token_ids == expected, (spec.k, prompt)
-            accepted += out.stats.accepted_tokens
-    assert accepted > 0  # drafts were accepted: the equality was tested, not skipped
+            outputs.append(spec.generate(prompt, max_new_tokens=40))
+            assert outputs[-1].token_ids == expected, (spec.k, prompt)
+    assert_speculated(outputs)  # drafts were accepted: the equality was tested, not skipped
 
 
+@pytest.mark.speculation
 def test_qwen2_with_biases_and_fallbacks_speculates_exactly_at_int4():
     target = loaded(tiny_qwen2(), "q")
     plain = Decoder(target, None, "none", precision="int4")
-    spec = Decoder(target, None, "prompt-lookup", 4, precision="int4")
+    spec = Decoder(target, None, "prompt-lookup", 4, precision="int4", draft_length="fixed")  # drafts every step
     prompt = [3, 8, 1, 3, 8, 1, 3, 8]
-    assert spec.generate(prompt, max_new_tokens=40).token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
+    out = spec.generate(prompt, max_new_tokens=40)
+    assert out.token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
+    assert_speculated([out])
 
 
 def test_quantized_precisions_need_the_native_backend(tiny_target):
@@ -194,6 +198,7 @@ def test_a_prompt_prefilled_beside_other_passes_gives_the_same_rows_as_alone():
     assert torch.equal(Seq(backend).forward(prompt), Seq(NativeBackend(backend.weights, "t")).forward(prompt))
 
 
+@pytest.mark.speculation
 @pytest.mark.parametrize("method", ["draft", "prompt-lookup"])
 def test_greedy_speculation_over_widened_prompts_equals_plain_greedy(tiny_target, tiny_draft, method):
     from quickdraft.drafters import DraftModelDrafter, PromptLookupDrafter
@@ -203,7 +208,7 @@ def test_greedy_speculation_over_widened_prompts_equals_plain_greedy(tiny_target
 
     target = widening_backend(tiny_target)
 
-    def run(k: int, prompt: list[int]) -> tuple[list[int], int]:
+    def run(k: int, prompt: list[int]) -> Generation:
         drafter = (DraftModelDrafter(widening_backend(tiny_draft)) if method == "draft" and k
                    else PromptLookupDrafter(2, 1))
         generation = Generation(target, drafter, prompt, draft_length=make_draft_length("fixed", k),
@@ -211,20 +216,20 @@ def test_greedy_speculation_over_widened_prompts_equals_plain_greedy(tiny_target
         prefill([generation])
         while not generation.done:
             step([generation])
-        return generation.new_tokens, generation.stats.accepted_tokens
+        return generation
 
-    accepted = 0
+    generations = []
     for number, prompt in enumerate(PROMPTS + SPARE_PROMPTS):
-        if number >= len(PROMPTS) and accepted > 0:
+        if number >= len(PROMPTS) and speculated(generations, min_rate=0.1):
             break  # as above: spares only until a draft was accepted, whatever this machine's bf16 rounding
-        plain, _ = run(0, prompt)
+        plain = run(0, prompt).new_tokens
         for k in (1, 4):
-            tokens, taken = run(k, prompt)
-            assert tokens == plain, (prompt, k)
-            accepted += taken
-    assert accepted > 0  # drafts were accepted: the equality was tested
+            generations.append(run(k, prompt))
+            assert generations[-1].new_tokens == plain, (prompt, k)
+    assert_speculated(generations, min_rate=0.1)  # drafts were accepted: the equality was tested
 
 
+@pytest.mark.speculation
 def test_a_draft_model_takes_the_bf16_kernel_of_one_token_passes_the_target_that_of_verify_passes(
         tiny_target, tiny_draft, tmp_path):
     """Where bf16 kernels cost differently by pass size (on a CPU with bf16 arithmetic, bf16 columns
@@ -246,9 +251,8 @@ def test_a_draft_model_takes_the_bf16_kernel_of_one_token_passes_the_target_that
     assert isinstance(plain.target_backend.weights.layers[0].qkv, ColumnLinear)
     assert spec.target_backend is plain.target_backend
     assert isinstance(spec.drafter.backend.weights.layers[0].qkv, RowLinear)
-    accepted = 0
+    outputs = []
     for prompt in PROMPTS:
-        out = spec.generate(prompt, max_new_tokens=40)
-        assert out.token_ids == plain.generate(prompt, max_new_tokens=40).token_ids, prompt
-        accepted += out.stats.accepted_tokens
-    assert accepted > 0
+        outputs.append(spec.generate(prompt, max_new_tokens=40))
+        assert outputs[-1].token_ids == plain.generate(prompt, max_new_tokens=40).token_ids, prompt
+    assert_speculated(outputs)

@@ -12,6 +12,7 @@ from quickdraft.decoder import Decoder
 from quickdraft.serve.scheduler import DECODERS_KEPT, Job, QueueFull, Scheduler, ShuttingDown
 from tests.conftest import loaded
 from tests.faults import FaultyDrafter
+from tests.spec_util import assert_speculated
 
 PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [5, 9, 2], [7, 7, 7, 7, 7, 7, 7, 7], [3, 1, 4, 1, 5, 9, 2, 6], [8, 8, 1]]
 
@@ -46,6 +47,7 @@ def decoder(tiny_target, tiny_draft):
     return Decoder(loaded(tiny_target, "tiny"), loaded(tiny_draft, "tiny-draft"), "prompt-lookup")
 
 
+@pytest.mark.speculation
 @pytest.mark.parametrize("backend, precision", [("native", "fp32"), ("hf", "fp32"), ("native", "int4"),
                                                 ("native", "bf16")])
 def test_batched_sequences_equal_each_alone(tiny_target, tiny_draft, backend, precision):
@@ -68,6 +70,7 @@ def test_batched_sequences_equal_each_alone(tiny_target, tiny_draft, backend, pr
         assert collector.output.token_ids == alone.token_ids, (method, k)
         assert collector.steps == collector.output.stats.target_passes
     assert scheduler.metrics.batch_size.collect()[0].samples  # batched passes were observed
+    assert_speculated([c.output for c, (method, _) in zip(collectors, methods) if method != "none"])
 
 
 def test_sampled_sequences_follow_their_own_seed(decoder):
