@@ -43,6 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.cpp_wrapper:
         import torch._inductor.config as inductor_config
+
         inductor_config.cpp_wrapper = True
     torch.set_num_threads(2)
     decoder = quickdraft.load(method="none")
@@ -50,10 +51,21 @@ def main() -> None:
     heads, kv_heads, dim, group = w.heads, w.kv_heads, w.head_dim, w.heads // w.kv_heads
     keys = torch.zeros(len(w.layers), kv_heads, BUCKET, dim)  # [layers, KV, L, D]
     values = torch.ones(len(w.layers), kv_heads, BUCKET, dim + 1)
-    layers = [(layer.input_norm, layer.qkv.packed, layer.qkv.scales_and_zeros, layer.o.packed,
-               layer.o.scales_and_zeros, layer.post_norm, layer.gate_up.packed, layer.gate_up.scales_and_zeros,
-               layer.down.packed, layer.down.scales_and_zeros)
-              for layer in w.layers]
+    layers = [
+        (
+            layer.input_norm,
+            layer.qkv.packed,
+            layer.qkv.scales_and_zeros,
+            layer.o.packed,
+            layer.o.scales_and_zeros,
+            layer.post_norm,
+            layer.gate_up.packed,
+            layer.gate_up.scales_and_zeros,
+            layer.down.packed,
+            layer.down.scales_and_zeros,
+        )
+        for layer in w.layers
+    ]
     hidden = (torch.arange(BUCKET) > CONTEXT)[:, None, None]  # [L, 1, 1]: keys after the token are masked
 
     def layer(x, cos, sin, k_cache, v_cache, n1, qkv, qkvs, o, os_, n2, gu, gus, dn, dns):
@@ -64,9 +76,10 @@ def main() -> None:
         v_cache[:, CONTEXT : CONTEXT + 1, :dim] = v
         columns = F.pad(qk[:heads].float().reshape(kv_heads, group, dim).transpose(1, 2), (0, BLOCK - group))
         scores = torch.matmul(k_cache, columns)[..., :group].view(kv_heads, BUCKET, group, 1)
-        scores = scores.mul(dim ** -0.5).masked_fill(hidden, float("-inf"))
-        weights = F.pad(torch.exp(scores - scores.amax(dim=1, keepdim=True)).view(kv_heads, BUCKET, group),
-                        (0, BLOCK - group))
+        scores = scores.mul(dim**-0.5).masked_fill(hidden, float("-inf"))
+        weights = F.pad(
+            torch.exp(scores - scores.amax(dim=1, keepdim=True)).view(kv_heads, BUCKET, group), (0, BLOCK - group)
+        )
         summed = torch.matmul(v_cache.transpose(1, 2), weights)[..., :group]
         attn = (summed[:, :dim] / summed[:, dim:]).permute(0, 2, 1).reshape(1, heads * dim).to(x.dtype)
         x = x + int4_mm(attn, o, 32, os_)
@@ -81,9 +94,12 @@ def main() -> None:
     x = torch.randn(1, w.embed.shape[1]).bfloat16()
     cos, sin = torch.randn(1, dim).bfloat16(), torch.randn(1, dim).bfloat16()
     compiled_layer = torch.compile(layer, dynamic=False)
-    modes = {"eager": lambda: [layer(x, cos, sin, keys[i], values[i], *p) for i, p in enumerate(layers)],
-             "compiled per layer": lambda: [compiled_layer(x, cos, sin, keys[i], values[i], *p)
-                                            for i, p in enumerate(layers)]}
+    modes = {
+        "eager": lambda: [layer(x, cos, sin, keys[i], values[i], *p) for i, p in enumerate(layers)],
+        "compiled per layer": lambda: [
+            compiled_layer(x, cos, sin, keys[i], values[i], *p) for i, p in enumerate(layers)
+        ],
+    }
     if args.whole:
         compiled_whole = torch.compile(whole, dynamic=False)
         modes["compiled whole pass"] = lambda: compiled_whole(x, cos, sin)
@@ -95,8 +111,11 @@ def main() -> None:
             start = time.perf_counter()
             for _ in range(args.repeats):
                 run()
-            print(f"{name}: {(time.perf_counter() - start) / args.repeats * 1e3:.2f} ms per pass "
-                  f"(first call {warm:.1f} s)", flush=True)
+            print(
+                f"{name}: {(time.perf_counter() - start) / args.repeats * 1e3:.2f} ms per pass "
+                f"(first call {warm:.1f} s)",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

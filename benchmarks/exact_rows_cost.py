@@ -45,8 +45,10 @@ def main() -> None:
     plain = quickdraft.load(args.target, method="none", backend="llama.cpp")
     backend = plain.target_backend
     exact = backend.exact_rows
-    print(f"{date.today()} · {platform.processor() or platform.machine()} · {plain.target.name} on llama.cpp · "
-          f"exact_rows {exact} · {backend.threads} threads")
+    print(
+        f"{date.today()} · {platform.processor() or platform.machine()} · {plain.target.name} on llama.cpp · "
+        f"exact_rows {exact} · {backend.threads} threads"
+    )
     sizes = (1, 2, 3, 4, 6, 9, 12, 17)
     times: dict[tuple[int, int], list[float]] = {(n, step): [] for n in sizes for step in (exact, ROW_INVARIANT_ROWS)}
     for _ in range(args.rounds):
@@ -63,13 +65,16 @@ def main() -> None:
     path = default_prompt_file()
     records = read_prompt_file(path) if path else []
     step = max(1, len(records) // max(args.prompts, 1))
-    prompts = [p.text for p in records[::step][:args.prompts]] or ["Write a Python function that checks primes."]
+    prompts = [p.text for p in records[::step][: args.prompts]] or ["Write a Python function that checks primes."]
     lookup = plain.with_method("prompt-lookup:draft_length=fixed")
     seconds = {"plain": 0.0, f"lookup, parts of {exact}": 0.0, "lookup, one decode": 0.0}
     tokens = dict.fromkeys(seconds, 0)
     for text in prompts:  # interleaved per prompt
-        for label, decoder, rows in (("plain", plain, exact), (f"lookup, parts of {exact}", lookup, exact),
-                                     ("lookup, one decode", lookup, ROW_INVARIANT_ROWS)):
+        for label, decoder, rows in (
+            ("plain", plain, exact),
+            (f"lookup, parts of {exact}", lookup, exact),
+            ("lookup, one decode", lookup, ROW_INVARIANT_ROWS),
+        ):
             backend.exact_rows = rows
             start = time.perf_counter()
             out = decoder.generate(text, max_new_tokens=args.max_new_tokens, temperature=0)

@@ -45,13 +45,19 @@ def main() -> None:
     path = default_prompt_file()
     records = read_prompt_file(path) if path and args.prompts else []
     step = max(1, len(records) // args.prompts) if records else 1
-    prompts = [(p.category, p.text) for p in records[::step][:args.prompts]] + [("own", p) for p in args.prompt]
+    prompts = [(p.category, p.text) for p in records[::step][: args.prompts]] + [("own", p) for p in args.prompt]
     plain = quickdraft.load(args.target, method="none", backend=args.backend)
-    fast = quickdraft.load(args.target, args.draft, method=args.method, backend=args.backend) if args.draft else \
-        plain.with_method(args.method)
-    print(f"{date.today()} · {platform.processor() or platform.machine()} · target {plain.target.name} "
-          f"on {plain.backend_kind} · {fast.config.label()} on {fast.backend_kind}"
-          f"{f' · draft {fast.draft.name}' if fast.draft else ''}", file=sys.stderr)
+    fast = (
+        quickdraft.load(args.target, args.draft, method=args.method, backend=args.backend)
+        if args.draft
+        else plain.with_method(args.method)
+    )
+    print(
+        f"{date.today()} · {platform.processor() or platform.machine()} · target {plain.target.name} "
+        f"on {plain.backend_kind} · {fast.config.label()} on {fast.backend_kind}"
+        f"{f' · draft {fast.draft.name}' if fast.draft else ''}",
+        file=sys.stderr,
+    )
     equal, accepted, passes, tokens, seconds = 0, 0, 0, 0, [0.0, 0.0]
     for category, text in tqdm(prompts, desc="prompts", file=sys.stderr):
         start = time.perf_counter()
@@ -63,10 +69,15 @@ def main() -> None:
         equal += where is None
         accepted += sum(step.accepted for step in got.steps)
         passes, tokens = passes + got.stats.target_passes, tokens + len(got.token_ids)
-        tqdm.write(f"{category:14} {len(plain.encode(text)):5} prompt tokens  "
-                   f"{'equal' if where is None else f'DIFFERS at token {where}'}", file=sys.stderr)
-    print(f"equal: {equal}/{len(prompts)}  drafted tokens accepted: {accepted}  tokens per target pass: "
-          f"{tokens / max(passes, 1):.2f}  seconds plain/speculative: {seconds[0]:.1f}/{seconds[1]:.1f}")
+        tqdm.write(
+            f"{category:14} {len(plain.encode(text)):5} prompt tokens  "
+            f"{'equal' if where is None else f'DIFFERS at token {where}'}",
+            file=sys.stderr,
+        )
+    print(
+        f"equal: {equal}/{len(prompts)}  drafted tokens accepted: {accepted}  tokens per target pass: "
+        f"{tokens / max(passes, 1):.2f}  seconds plain/speculative: {seconds[0]:.1f}/{seconds[1]:.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,11 @@ def theirs(path: Path):
     folder, name = str(path.parent), path.name
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    return config, AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config,
-                                                        dtype=torch.float32), tokenizer
+    return (
+        config,
+        AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=torch.float32),
+        tokenizer,
+    )
 
 
 def main() -> None:
@@ -49,8 +52,10 @@ def main() -> None:
         mine, other = model.state_dict(), their_model.state_dict()
         same = mine.keys() == other.keys() and all(torch.equal(mine[k], other[k]) for k in mine)
         same = same and tok(TEXT)["input_ids"] == their_tok(TEXT)["input_ids"]
-        print(f"{path.name}: quickdraft {seconds['quickdraft']:.1f} s, transformers {seconds['transformers']:.1f} s "
-              f"({seconds['transformers'] / seconds['quickdraft']:.1f}x), same tensors and ids: {same}")
+        print(
+            f"{path.name}: quickdraft {seconds['quickdraft']:.1f} s, transformers {seconds['transformers']:.1f} s "
+            f"({seconds['transformers'] / seconds['quickdraft']:.1f}x), same tensors and ids: {same}"
+        )
 
 
 if __name__ == "__main__":

@@ -36,14 +36,40 @@ from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.models.native_weights import NativeWeights
 
 SHAPES = {  # configs of public checkpoints (their config.json), weights random here
-    "smollm2-1.7b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
-                         num_key_value_heads=32, vocab_size=49152, max_position_embeddings=8192,
-                         rope_theta=130000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
-    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
-                      rms_norm_eps=1e-5, tie_word_embeddings=False),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=128, max_position_embeddings=256, tie_word_embeddings=False),
+    "smollm2-1.7b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=24,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=49152,
+        max_position_embeddings=8192,
+        rope_theta=130000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    ),
+    "llama3-8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    ),
 }
 
 
@@ -99,11 +125,13 @@ def pass_costs(weights: NativeWeights, rows: list[int], context: int, rounds: in
     return out
 
 
-def plain_decoding(loaded: LoadedModel, device: torch.device, precision: str, prompt: list[int],
-                   new_tokens: int, graphs: bool) -> dict:
+def plain_decoding(
+    loaded: LoadedModel, device: torch.device, precision: str, prompt: list[int], new_tokens: int, graphs: bool
+) -> dict:
     """tok/s of greedy decoding: quickdraft's static backend (method none) and transformers' generate."""
-    decoder = Decoder(loaded, None, "none", device=str(device), backend="static", precision=precision,
-                      measure_shapes=False)
+    decoder = Decoder(
+        loaded, None, "none", device=str(device), backend="static", precision=precision, measure_shapes=False
+    )
     decoder.generate(prompt, max_new_tokens=8)  # captures the graphs this length needs
     sync(device)
     start = time.perf_counter()
@@ -111,8 +139,13 @@ def plain_decoding(loaded: LoadedModel, device: torch.device, precision: str, pr
     sync(device)
     ours_s = time.perf_counter() - start
     ids = torch.tensor([prompt], device=device)
-    options = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
-                   min_new_tokens=new_tokens, pad_token_id=0)
+    options = dict(
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=0,
+    )
     with torch.inference_mode():
         loaded.model.generate(ids, **(options | dict(max_new_tokens=8, min_new_tokens=8)))  # warm-up
         sync(device)
@@ -121,15 +154,21 @@ def plain_decoding(loaded: LoadedModel, device: torch.device, precision: str, pr
         sync(device)
         theirs_s = time.perf_counter() - start
     same = next((i for i, (a, b) in enumerate(zip(ours.token_ids, theirs)) if a != b), len(theirs))
-    return {"quickdraft_tok_s": len(ours.token_ids) / ours_s, "transformers_tok_s": len(theirs) / theirs_s,
-            "speedup": (len(ours.token_ids) / ours_s) / (len(theirs) / theirs_s), "same_prefix": same,
-            "tokens": len(theirs), "graphs": graphs}
+    return {
+        "quickdraft_tok_s": len(ours.token_ids) / ours_s,
+        "transformers_tok_s": len(theirs) / theirs_s,
+        "speedup": (len(ours.token_ids) / ours_s) / (len(theirs) / theirs_s),
+        "same_prefix": same,
+        "tokens": len(theirs),
+        "graphs": graphs,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=["default", "smollm2-1.7b", "llama3-8b"],
-                        choices=["default", *SHAPES])
+    parser.add_argument(
+        "--shapes", nargs="+", default=["default", "smollm2-1.7b", "llama3-8b"], choices=["default", *SHAPES]
+    )
     parser.add_argument("--target", help="the default shape's model (default: the embedded GGUF)")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     parser.add_argument("--context", type=int, default=512, help="cached tokens before each timed pass")
@@ -140,14 +179,26 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("gpu-out"))
     args = parser.parse_args()
     if args.dry_run:
-        args.device, args.shapes, args.rows, args.context, args.new_tokens, args.rounds = \
-            "cpu", ["tiny"], [1, 2, 4], 32, 8, 2
+        args.device, args.shapes, args.rows, args.context, args.new_tokens, args.rounds = (
+            "cpu",
+            ["tiny"],
+            [1, 2, 4],
+            32,
+            8,
+            2,
+        )
     device = torch.device(args.device)
     graphs = device.type == "cuda"
     dtype, precision = (torch.bfloat16, "bf16") if device.type == "cuda" else (torch.float32, "fp32")
-    results = {"date": time.strftime("%Y-%m-%d"), "machine": platform.node(), "torch": torch.__version__,
-               "device": torch.cuda.get_device_name(device) if graphs else platform.processor() or "cpu",
-               "precision": precision, "context": args.context, "shapes": {}}
+    results = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": platform.node(),
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(device) if graphs else platform.processor() or "cpu",
+        "precision": precision,
+        "context": args.context,
+        "shapes": {},
+    }
     for shape in args.shapes:
         print(f"== {shape}", file=sys.stderr)
         loaded = build(shape, args.target, device, dtype)
@@ -165,20 +216,31 @@ def main() -> None:
 
 
 def report(results: dict) -> str:
-    lines = [f"{results['date']}, {results['device']}, torch {results['torch']}, {results['precision']}, "
-             f"{results['context']} cached tokens", ""]
+    lines = [
+        f"{results['date']}, {results['device']}, torch {results['torch']}, {results['precision']}, "
+        f"{results['context']} cached tokens",
+        "",
+    ]
     for shape, data in results["shapes"].items():
         own, static = data["passes"]["own_graph"], data["passes"]["static"]
         one = own[min(own)]
-        lines += [f"### {shape}", "", "| tokens in the pass | graph of exactly n rows, ms | x 1 row | "
-                  f"static backend ({STATIC_ROWS} rows), ms |", "| --- | --- | --- | --- |"]
+        lines += [
+            f"### {shape}",
+            "",
+            f"| tokens in the pass | graph of exactly n rows, ms | x 1 row | static backend ({STATIC_ROWS} rows), ms |",
+            "| --- | --- | --- | --- |",
+        ]
         for n, ms in own.items():
             padded = "" if static[n] is None else f"{static[n]:.3f}"
             lines.append(f"| {n} | {ms:.3f} | {ms / one:.2f} | {padded} |")
         p = data["plain"]
-        lines += ["", f"plain greedy decoding, {p['tokens']} tokens: quickdraft {p['quickdraft_tok_s']:.1f} tok/s, "
-                  f"transformers generate {p['transformers_tok_s']:.1f} tok/s: {p['speedup']:.2f}x "
-                  f"(outputs agree for the first {p['same_prefix']} tokens)", ""]
+        lines += [
+            "",
+            f"plain greedy decoding, {p['tokens']} tokens: quickdraft {p['quickdraft_tok_s']:.1f} tok/s, "
+            f"transformers generate {p['transformers_tok_s']:.1f} tok/s: {p['speedup']:.2f}x "
+            f"(outputs agree for the first {p['same_prefix']} tokens)",
+            "",
+        ]
     return "\n".join(lines)
 
 

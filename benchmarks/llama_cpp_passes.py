@@ -64,8 +64,10 @@ def main() -> None:
             runs[kind](n)
             times[(kind, n)].append(1000 * (time.perf_counter() - start))
     one = statistics.median(times[("chain", 1)])
-    print(f"llama.cpp backend, SmolLM2-135M-Instruct Q4_1, {args.threads} threads, {args.context} cached tokens, "
-          f"median of {args.rounds}; {time.strftime('%Y-%m-%d')}, {platform.machine()}")
+    print(
+        f"llama.cpp backend, SmolLM2-135M-Instruct Q4_1, {args.threads} threads, {args.context} cached tokens, "
+        f"median of {args.rounds}; {time.strftime('%Y-%m-%d')}, {platform.machine()}"
+    )
     print("| tokens in the pass | chain ms | x one token | tree ms (views) | tree / chain |")
     print("|---|---|---|---|---|")
     for n in SIZES:

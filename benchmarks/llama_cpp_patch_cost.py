@@ -39,8 +39,9 @@ def worker(prompts: int, tokens: int, threads: int) -> None:
     llm = llama_cpp.Llama(model_path=str(default_gguf_path()), n_ctx=4096, n_threads=threads, verbose=False)
     rates = {}
     for index, text in enumerate(_prompts(prompts)):
-        chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=False)
+        chat = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
         ids = list(tokenizer(chat, add_special_tokens=False)["input_ids"])
         llm.reset()
         count, start = 0, time.perf_counter()
@@ -74,19 +75,33 @@ def main() -> None:
     if args.worker:
         worker(args.per_category, args.tokens, args.threads)
         return
-    command = [sys.executable, __file__, "--worker", "--stock-site", args.stock_site, "--per-category",
-               str(args.per_category), "--tokens", str(args.tokens), "--threads", str(args.threads)]
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--stock-site",
+        args.stock_site,
+        "--per-category",
+        str(args.per_category),
+        "--tokens",
+        str(args.tokens),
+        "--threads",
+        str(args.threads),
+    ]
     repo = str(Path(__file__).resolve().parents[1])
     builds = {"patched (setup.sh)": repo, "stock": os.pathsep.join([args.stock_site, repo])}
     runs: dict[str, list[dict]] = {name: [] for name in builds}
     for _ in tqdm(range(args.rounds), desc="rounds (each: both builds, alternating)", unit="round"):
         for name, path in builds.items():
-            out = subprocess.run(command, env=os.environ | {"PYTHONPATH": path}, capture_output=True, text=True,
-                                 check=True)
+            out = subprocess.run(
+                command, env=os.environ | {"PYTHONPATH": path}, capture_output=True, text=True, check=True
+            )
             runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
     prompts = sorted(runs["stock"][0], key=int)
-    print(f"llama.cpp plain decoding, {args.tokens} tokens, {args.threads} threads, median of {args.rounds} "
-          f"rounds per prompt; {time.strftime('%Y-%m-%d')}")
+    print(
+        f"llama.cpp plain decoding, {args.tokens} tokens, {args.threads} threads, median of {args.rounds} "
+        f"rounds per prompt; {time.strftime('%Y-%m-%d')}"
+    )
     print("| prompt tokens | stock tok/s | patched tok/s | patched / stock |")
     print("|---|---|---|---|")
     ratios = []

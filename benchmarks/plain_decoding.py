@@ -33,11 +33,10 @@ import textwrap
 from datetime import date
 from pathlib import Path
 
-from quickdraft.memory import human
-
 from real_sizes import SHAPES  # this folder's: the 1B/3B/8B shapes
 from real_sizes_footprint import bf16_folder, written
 
+from quickdraft.memory import human
 
 # argv: folder, tokens, prompt ids (comma-separated). Prints "tok_s <n>" and the ids.
 TRANSFORMERS = textwrap.dedent("""
@@ -72,8 +71,13 @@ QUICKDRAFT = textwrap.dedent("""
 def tokens_per_second(program: str, folder: Path, tokens: int, prompt: int, env: dict[str, str]) -> tuple[float, str]:
     """One fresh process: its decoding speed after a `prompt`-token prompt, and the ids it made."""
     ids = ",".join(str(1 + i % 1000) for i in range(prompt))
-    run = subprocess.run([sys.executable, "-c", program, str(folder), str(tokens), ids],
-                         capture_output=True, text=True, env=env, timeout=7200)
+    run = subprocess.run(
+        [sys.executable, "-c", program, str(folder), str(tokens), ids],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=7200,
+    )
     if run.returncode:
         raise RuntimeError(run.stderr[-3000:])
     lines = run.stdout.strip().splitlines()
@@ -87,19 +91,30 @@ def main() -> None:
     parser.add_argument("--prompts", nargs="+", type=int, default=[1, 64], help="prompt lengths, in tokens")
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2, help="runs of each, round after round (medians)")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/quickdraft-real-sizes"),
-                        help="where the random checkpoints are made (kept for a rerun)")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=Path("/tmp/quickdraft-real-sizes"),
+        help="where the random checkpoints are made (kept for a rerun)",
+    )
     args = parser.parse_args()
     threads = "2"
-    print(f"{date.today()} · {platform.processor() or platform.machine()} · {threads} threads · {args.tokens} greedy "
-          f"tokens, bf16 · medians of {args.rounds} rounds")
-    print("| shape | checkpoint | prompt tokens | transformers generate tok/s | quickdraft native bf16 tok/s | "
-          "quickdraft / transformers | same tokens | each round (transformers / quickdraft) |")
+    print(
+        f"{date.today()} · {platform.processor() or platform.machine()} · {threads} threads · {args.tokens} greedy "
+        f"tokens, bf16 · medians of {args.rounds} rounds"
+    )
+    print(
+        "| shape | checkpoint | prompt tokens | transformers generate tok/s | quickdraft native bf16 tok/s | "
+        "quickdraft / transformers | same tokens | each round (transformers / quickdraft) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name in args.shapes:
         folder = bf16_folder(args.work, name)
-        runs = [(label, program, prompt) for prompt in args.prompts
-                for label, program in (("transformers", TRANSFORMERS), ("quickdraft", QUICKDRAFT))]
+        runs = [
+            (label, program, prompt)
+            for prompt in args.prompts
+            for label, program in (("transformers", TRANSFORMERS), ("quickdraft", QUICKDRAFT))
+        ]
         speeds: dict[tuple, list[float]] = {(label, prompt): [] for label, _, prompt in runs}
         made: dict[tuple, str] = {}
         with tempfile.TemporaryDirectory(dir=args.work) as cache:  # the kernel choices kept across rounds
@@ -112,10 +127,14 @@ def main() -> None:
             ours = statistics.median(speeds["quickdraft", prompt])
             theirs = statistics.median(speeds["transformers", prompt])
             same = "yes" if made["quickdraft", prompt] == made["transformers", prompt] else "no"
-            rounds = ", ".join(f"{a:.2f} / {b:.2f}" for a, b in zip(speeds["transformers", prompt],
-                                                                 speeds["quickdraft", prompt]))
-            print(f"| {name} | {folder.name} ({human(written(folder))}) | {prompt} | {theirs:.2f} | {ours:.2f} | "
-                  f"{ours / theirs:.2f}x | {same} | {rounds} |", flush=True)
+            rounds = ", ".join(
+                f"{a:.2f} / {b:.2f}" for a, b in zip(speeds["transformers", prompt], speeds["quickdraft", prompt])
+            )
+            print(
+                f"| {name} | {folder.name} ({human(written(folder))}) | {prompt} | {theirs:.2f} | {ours:.2f} | "
+                f"{ours / theirs:.2f}x | {same} | {rounds} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -49,8 +49,12 @@ def decode_seconds(output: quickdraft.GenerationOutput) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default=None, help="default: the embedded SmolLM2-135M-Instruct")
-    parser.add_argument("--backends", nargs="+", default=["native:int4", "native:bf16", "llama.cpp"],
-                        help="BACKEND or BACKEND:PRECISION")
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=["native:int4", "native:bf16", "llama.cpp"],
+        help="BACKEND or BACKEND:PRECISION",
+    )
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--max-new-tokens", type=int, default=96)
@@ -58,10 +62,14 @@ def main() -> None:
     args = parser.parse_args()
     prompts = spread_prompts(args.prompts)
     grid = tuple(range(1, args.k + 2))
-    print(f"{date.today()} · {platform.processor() or platform.machine()} · {len(prompts)} Spec-Bench prompts, "
-          f"{args.max_new_tokens} new tokens, greedy · prompt lookup at K = {args.k} (fixed)")
-    print("| target | backend | pass ms, 1 / K+1 rows | plain tok/s | prompt lookup tok/s | tokens per pass | "
-          "predicted speedup | measured speedup | predicted / measured |")
+    print(
+        f"{date.today()} · {platform.processor() or platform.machine()} · {len(prompts)} Spec-Bench prompts, "
+        f"{args.max_new_tokens} new tokens, greedy · prompt lookup at K = {args.k} (fixed)"
+    )
+    print(
+        "| target | backend | pass ms, 1 / K+1 rows | plain tok/s | prompt lookup tok/s | tokens per pass | "
+        "predicted speedup | measured speedup | predicted / measured |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for number, choice in enumerate(args.backends):
         backend, _, precision = choice.partition(":")
@@ -82,12 +90,16 @@ def main() -> None:
             steps += [(len(step.draft_tokens), len(step.emitted)) for step in looked_up.steps]
         predicted = speedup_from_steps(steps, costs)
         measured = (plain_s / plain_tokens) / (lookup_s / lookup_tokens)
-        print(f"| {plain.target.name} | {plain.backend_kind} {plain.precision} | {costs[1]:.1f} / "
-              f"{costs[args.k + 1]:.1f} | {plain_tokens / plain_s:.1f} | {lookup_tokens / lookup_s:.1f} | "
-              f"{lookup_tokens / len(steps):.2f} | {predicted:.2f}x | {measured:.2f}x | {predicted / measured:.2f} |",
-              flush=True)
-        print(f"  plain decoding: {1000 * plain_s / plain_tokens:.1f} ms per token against a measured 1-row pass "
-              f"of {costs[1]:.1f} ms; median tokens per pass {statistics.median(t for _, t in steps):.0f}")
+        print(
+            f"| {plain.target.name} | {plain.backend_kind} {plain.precision} | {costs[1]:.1f} / "
+            f"{costs[args.k + 1]:.1f} | {plain_tokens / plain_s:.1f} | {lookup_tokens / lookup_s:.1f} | "
+            f"{lookup_tokens / len(steps):.2f} | {predicted:.2f}x | {measured:.2f}x | {predicted / measured:.2f} |",
+            flush=True,
+        )
+        print(
+            f"  plain decoding: {1000 * plain_s / plain_tokens:.1f} ms per token against a measured 1-row pass "
+            f"of {costs[1]:.1f} ms; median tokens per pass {statistics.median(t for _, t in steps):.0f}"
+        )
         if number == 0 and args.steps_out is not None:
             args.steps_out.parent.mkdir(parents=True, exist_ok=True)
             args.steps_out.write_text(json.dumps({"target": plain.target.name, "k": args.k, "steps": steps}))

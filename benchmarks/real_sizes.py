@@ -40,17 +40,15 @@ from datetime import date
 from pathlib import Path
 
 import torch
+from exact_rows_cost import pass_ms  # this folder's: one timed pass after cached tokens
 
-from quickdraft.analysis import (best_k, cost_at_threads, padded_costs, pass_cost, predicted_speedup,
-                                 speedup_from_steps)
+from quickdraft.analysis import best_k, cost_at_threads, padded_costs, pass_cost, predicted_speedup, speedup_from_steps
+from quickdraft.backends.kernel_timing import DECODE_ROWS, VERIFY_ROWS
 from quickdraft.backends.llama_cpp import ROW_INVARIANT_ROWS, LlamaCppBackend
 from quickdraft.backends.select import make_backend
-from quickdraft.backends.kernel_timing import DECODE_ROWS, VERIFY_ROWS
 from quickdraft.models import default_gguf_path
 from quickdraft.models.loading import load_model
 from quickdraft.models.random_gguf import GgufShape, quantize_gguf, random_gguf
-
-from exact_rows_cost import pass_ms  # this folder's: one timed pass after cached tokens
 
 SHAPES = {  # the shapes of TinyLlama-1.1B, Llama-3.2-3B and Llama-3.1-8B, with SmolLM2's vocabulary
     "1b": GgufShape(hidden=2048, layers=22, ffn=5632, heads=32, kv_heads=4, head_dim=64, context=2048),
@@ -85,37 +83,60 @@ def open_backend(path: Path, name: str, choice: str, work: Path, rows: tuple[int
     if choice == "llama.cpp":
         return LlamaCppBackend(path, name, threads=2)
     precision = choice.partition(":")[2]
-    return make_backend(load_model(path, cache_dir=work / "cache"), "native", precision, "cpu", measure=True,
-                        cache_dir=work / "cache", kernel_rows=rows)
+    return make_backend(
+        load_model(path, cache_dir=work / "cache"),
+        "native",
+        precision,
+        "cpu",
+        measure=True,
+        cache_dir=work / "cache",
+        kernel_rows=rows,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=["1b", "3b"], choices=list(SHAPES))
-    parser.add_argument("--types", nargs="+", default=["Q4_0", "Q8_0", "Q4_K_M"],
-                        help="llama.cpp quantizer types, or Q4_0-direct")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/quickdraft-real-sizes"),
-                        help="where the random files are made (kept for a rerun)")
+    parser.add_argument(
+        "--types", nargs="+", default=["Q4_0", "Q8_0", "Q4_K_M"], help="llama.cpp quantizer types, or Q4_0-direct"
+    )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=Path("/tmp/quickdraft-real-sizes"),
+        help="where the random files are made (kept for a rerun)",
+    )
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--backend", default="llama.cpp",
-                        choices=["llama.cpp", "native:int4", "native:int8", "native:bf16"],
-                        help="the backend measured (native: the file's blocks as int4, or de-quantized and "
-                             "rounded to int8 or bf16)")
+    parser.add_argument(
+        "--backend",
+        default="llama.cpp",
+        choices=["llama.cpp", "native:int4", "native:int8", "native:bf16"],
+        help="the backend measured (native: the file's blocks as int4, or de-quantized and rounded to int8 or bf16)",
+    )
     parser.add_argument("--threads", nargs="+", type=int, default=[2], help="thread counts, timed interleaved")
-    parser.add_argument("--extrapolate", type=int, default=16,
-                        help="with two thread counts or more: the count the fitted costs are read at")
-    parser.add_argument("--steps", type=Path, default=None,
-                        help="prompt-lookup steps kept by prediction_check.py --steps-out, replayed at each "
-                             "file's pass costs")
+    parser.add_argument(
+        "--extrapolate",
+        type=int,
+        default=16,
+        help="with two thread counts or more: the count the fitted costs are read at",
+    )
+    parser.add_argument(
+        "--steps",
+        type=Path,
+        default=None,
+        help="prompt-lookup steps kept by prediction_check.py --steps-out, replayed at each file's pass costs",
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     replayed = [tuple(step) for step in json.loads(args.steps.read_text())["steps"]] if args.steps else []
     backend_label = args.backend.replace(":", " ")
     threads = sorted(set(args.threads))
     fitted = [args.extrapolate] if len(threads) > 1 else []
-    print(f"{date.today()} · {platform.processor() or platform.machine()} · {backend_label} backend, "
-          f"{' and '.join(map(str, threads))} threads · {CACHED} cached tokens, median of {args.rounds} "
-          f"interleaved rounds" + (f" · {args.extrapolate} threads extrapolated (Amdahl fit)" if fitted else ""))
+    print(
+        f"{date.today()} · {platform.processor() or platform.machine()} · {backend_label} backend, "
+        f"{' and '.join(map(str, threads))} threads · {CACHED} cached tokens, median of {args.rounds} "
+        f"interleaved rounds" + (f" · {args.extrapolate} threads extrapolated (Amdahl fit)" if fitted else "")
+    )
     torch.set_num_threads(max(threads))  # the native kernels are timed and chosen at the most threads
     draft = open_backend(default_gguf_path(), "SmolLM2-135M", args.backend, args.work, DECODE_ROWS)
     pass_ms(draft, 1, CACHED)  # warm-up
@@ -128,12 +149,16 @@ def main() -> None:
     for t in fitted:
         draft_ms[t] = cost_at_threads({n: draft_ms[n] for n in threads}, t)
     del draft
-    print("draft model: the default target's one-token pass on the same backend, "
-          + ", ".join(f"{draft_ms[t]:.1f} ms at {t} thread{'s' if t > 1 else ''}" for t in threads + fitted)
-          + (f"; prompt lookup: {len(replayed)} steps of {args.steps}" if replayed else ""))
-    print("| shape | type | backend | threads | file GB | load s | exact rows | ms, 1 row | "
-          "n rows / 1 row, exact (n = 2/4/8/16) | one decode | bound, exact | bound, one decode | "
-          "predicted, 135M draft, a = 0.5 / 0.6 / 0.7 / 0.8 | predicted, prompt lookup (steps replayed) |")
+    print(
+        "draft model: the default target's one-token pass on the same backend, "
+        + ", ".join(f"{draft_ms[t]:.1f} ms at {t} thread{'s' if t > 1 else ''}" for t in threads + fitted)
+        + (f"; prompt lookup: {len(replayed)} steps of {args.steps}" if replayed else "")
+    )
+    print(
+        "| shape | type | backend | threads | file GB | load s | exact rows | ms, 1 row | "
+        "n rows / 1 row, exact (n = 2/4/8/16) | one decode | bound, exact | bound, one decode | "
+        "predicted, 135M draft, a = 0.5 / 0.6 / 0.7 / 0.8 | predicted, prompt lookup (steps replayed) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.shapes:
         base = args.work / f"{name}-F16.gguf"
@@ -153,7 +178,8 @@ def main() -> None:
             exact = backend.measure_exact_rows() if args.backend == "llama.cpp" else None
             steps = (exact, ROW_INVARIANT_ROWS) if exact is not None else (None,)
             times: dict[tuple[int, int, int | None], list[float]] = {
-                (t, n, s): [] for t in threads for n in ROWS for s in steps}
+                (t, n, s): [] for t in threads for n in ROWS for s in steps
+            }
             pass_ms(backend, 1, CACHED)  # warm-up
             for _ in range(args.rounds):
                 for n in ROWS:
@@ -169,8 +195,14 @@ def main() -> None:
                 if args.backend != "llama.cpp":  # the native backend there would time its own row kernels and pad
                     fit = padded_costs(fit)
                 cost.update({(t, n, exact): ms for n, ms in fit.items()})
-                cost.update({(t, n, s): cost_at_threads({u: cost[u, n, s] for u in threads}, t)
-                             for n in ROWS for s in steps if s != exact})
+                cost.update(
+                    {
+                        (t, n, s): cost_at_threads({u: cost[u, n, s] for u in threads}, t)
+                        for n in ROWS
+                        for s in steps
+                        if s != exact
+                    }
+                )
             for t in threads + fitted:
                 one = cost[t, 1, exact]
                 ratios = {s: " / ".join(f"{cost[t, n, s] / one:.2f}" for n in ROWS[1:]) for s in steps}
@@ -178,13 +210,16 @@ def main() -> None:
                 costs = {n: cost[t, n, exact] for n in ROWS}
                 lookup = f"{speedup_from_steps(replayed, costs):.2f}x" if replayed else ""
                 label = f"{t} (fit)" if t in fitted else str(t)
-                print(f"| {name} | {kind} | {backend_label} | {label} | {path.stat().st_size / 1e9:.2f} | "
-                      f"{load:.1f} | {exact or ''} | {one:.0f} | {ratios[exact]} | "
-                      f"{ratios.get(ROW_INVARIANT_ROWS, '')} | {bounds[exact]} | "
-                      f"{bounds.get(ROW_INVARIANT_ROWS, '')} | {predictions(costs, draft_ms[t])} | {lookup} |",
-                      flush=True)
+                print(
+                    f"| {name} | {kind} | {backend_label} | {label} | {path.stat().st_size / 1e9:.2f} | "
+                    f"{load:.1f} | {exact or ''} | {one:.0f} | {ratios[exact]} | "
+                    f"{ratios.get(ROW_INVARIANT_ROWS, '')} | {bounds[exact]} | "
+                    f"{bounds.get(ROW_INVARIANT_ROWS, '')} | {predictions(costs, draft_ms[t])} | {lookup} |",
+                    flush=True,
+                )
             del backend
             torch.set_num_threads(max(threads))
+
 
 if __name__ == "__main__":
     main()

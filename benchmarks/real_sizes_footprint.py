@@ -36,27 +36,32 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
+from real_sizes import SHAPES  # this folder's: the 1B/3B/8B shapes
 from transformers import LlamaConfig
 
-from quickdraft.backends.llama_cpp import DEFAULT_CELLS
-from quickdraft.bench.footprint import (IMPORTS, LLAMA_CPP_PYTHON, QUICKDRAFT, TRANSFORMERS, Footprint, footprint,
-                                       python)
 from quickdraft.backends.kinds import TRAITS
+from quickdraft.backends.llama_cpp import DEFAULT_CELLS
+from quickdraft.bench.footprint import IMPORTS, LLAMA_CPP_PYTHON, QUICKDRAFT, TRANSFORMERS, Footprint, footprint, python
 from quickdraft.cli import planned_choice
 from quickdraft.memory import backend_weight_bytes, human, plan_memory, read_shape, shape_from_config
 from quickdraft.models import default_gguf_path
 from quickdraft.models.random_checkpoint import random_checkpoint
 from quickdraft.models.random_gguf import random_gguf
 
-from real_sizes import SHAPES  # this folder's: the 1B/3B/8B shapes
-
 
 def config_of(name: str) -> LlamaConfig:
     shape = SHAPES[name]
-    return LlamaConfig(vocab_size=49152, hidden_size=shape.hidden, intermediate_size=shape.ffn,
-                       num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                       num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
-                       max_position_embeddings=shape.context, tie_word_embeddings=False)
+    return LlamaConfig(
+        vocab_size=49152,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.ffn,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=shape.context,
+        tie_word_embeddings=False,
+    )
 
 
 def bf16_folder(work: Path, name: str) -> Path:
@@ -85,23 +90,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=["1b", "3b", "8b"], choices=list(SHAPES))
     parser.add_argument("--tokens", type=int, default=2)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/quickdraft-real-sizes"),
-                        help="where the random files are made (kept for a rerun)")
-    parser.add_argument("--skip", nargs="*", default=[],
-                        help="runs to leave out by label or file, e.g. 'transformers', 'native bf16' or 'bf16' (every "
-                             "run on the safetensors folder)")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="times each run is made, round after round (medians of seconds, the largest peak)")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=Path("/tmp/quickdraft-real-sizes"),
+        help="where the random files are made (kept for a rerun)",
+    )
+    parser.add_argument(
+        "--skip",
+        nargs="*",
+        default=[],
+        help="runs to leave out by label or file, e.g. 'transformers', 'native bf16' or 'bf16' (every "
+        "run on the safetensors folder)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="times each run is made, round after round (medians of seconds, the largest peak)",
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     threads = "2"
     base_env = os.environ | {"OMP_NUM_THREADS": threads}
     imports = footprint(python(IMPORTS), base_env)
-    print(f"{date.today()} · {platform.processor() or platform.machine()} · {threads} threads · {args.tokens} "
-          f"tokens after a 4-token prompt · quickdraft's imports alone: {human(imports.peak_rss)} peak RSS, "
-          f"{imports.seconds:.1f} s")
-    print("| shape | file | run | peak RSS | peak RSS / reference | seconds | load s | load / reference | "
-          "disk written | quickdraft plan | plan / peak |")
+    print(
+        f"{date.today()} · {platform.processor() or platform.machine()} · {threads} threads · {args.tokens} "
+        f"tokens after a 4-token prompt · quickdraft's imports alone: {human(imports.peak_rss)} peak RSS, "
+        f"{imports.seconds:.1f} s"
+    )
+    print(
+        "| shape | file | run | peak RSS | peak RSS / reference | seconds | load s | load / reference | "
+        "disk written | quickdraft plan | plan / peak |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.shapes:
         gguf = args.work / f"{name}-Q4_0-direct.gguf"
@@ -123,8 +144,12 @@ def main() -> None:
             ("transformers bf16", folder, python(TRANSFORMERS, folder, args.tokens), checkpoint),
             ("quickdraft native bf16", folder, python(QUICKDRAFT, folder, "native", "bf16", args.tokens), checkpoint),
             ("quickdraft hf", folder, python(QUICKDRAFT, folder, "hf", "-", args.tokens), checkpoint),
-            ("quickdraft native int4 from bf16", folder, python(QUICKDRAFT, folder, "native", "int4", args.tokens),
-             int4_budget),
+            (
+                "quickdraft native int4 from bf16",
+                folder,
+                python(QUICKDRAFT, folder, "native", "int4", args.tokens),
+                int4_budget,
+            ),
         ]
         runs = [run for run in runs if not any(skip and (skip in run[0] or skip in run[1].name) for skip in args.skip)]
         if any(file == folder for _, file, _, _ in runs):
@@ -138,15 +163,19 @@ def main() -> None:
                     cache = kept.name if label.endswith(("first load", "later load")) else fresh
                     before = written(Path(cache))
                     try:
-                        measured[label].append(footprint(command, base_env | {"XDG_CACHE_HOME": cache,
-                                                                              "HF_HOME": cache}))
+                        measured[label].append(
+                            footprint(command, base_env | {"XDG_CACHE_HOME": cache, "HF_HOME": cache})
+                        )
                     except RuntimeError as error:
                         print(f"| {name} | {label} | failed: {str(error)[-200:]!r} |", flush=True)
                     disks[label] = written(Path(cache)) - before
             kept.cleanup()
         peaks = {label: max(r.peak_rss for r in results) for label, results in measured.items() if results}
-        loads = {label: statistics.median(r.load_seconds for r in results) if results[0].load_seconds is not None
-                 else None for label, results in measured.items() if results}
+        loads = {
+            label: statistics.median(r.load_seconds for r in results) if results[0].load_seconds is not None else None
+            for label, results in measured.items()
+            if results
+        }
         for label, file, command, reference in runs:
             if label not in peaks:
                 continue
@@ -159,13 +188,19 @@ def main() -> None:
             else:
                 ratio = ""
             load = "" if loads[label] is None else f"{loads[label]:.1f}"
-            load_ratio = (f"{loads[label] / loads[reference]:.2f}x {reference}" if isinstance(reference, str)
-                          and loads.get(reference) and loads[label] is not None else "")
+            load_ratio = (
+                f"{loads[label] / loads[reference]:.2f}x {reference}"
+                if isinstance(reference, str) and loads.get(reference) and loads[label] is not None
+                else ""
+            )
             plan = planned_bytes(file, *command[4:6], 4 + args.tokens) if label.startswith("quickdraft") else None
             planned = f"{human(plan)} | {plan / model:.2f}x" if plan else " | "
-            print(f"| {name} | {file.name} ({human(file.stat().st_size if file.is_file() else written(file))}) | "
-                  f"{label} | {human(peaks[label])} | {ratio} | {seconds:.1f} | {load} | {load_ratio} | "
-                  f"{human(disks[label])} | {planned} |", flush=True)
+            print(
+                f"| {name} | {file.name} ({human(file.stat().st_size if file.is_file() else written(file))}) | "
+                f"{label} | {human(peaks[label])} | {ratio} | {seconds:.1f} | {load} | {load_ratio} | "
+                f"{human(disks[label])} | {planned} |",
+                flush=True,
+            )
     print("quickdraft's ratios are of its peak less its imports' peak (the model's share); peers' of their whole peak.")
 
 

@@ -46,8 +46,9 @@ def copy_bandwidth(megabytes: int = 512, repeats: int = 7) -> float:
 def weight_bytes(weights) -> int:
     """Bytes a decode step must read: every layer's matrices and the LM head (norms and the few
     embedding rows are noise)."""
-    linears = [weights.lm_head] + [linear for layer in weights.layers
-                                   for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    linears = [weights.lm_head] + [
+        linear for layer in weights.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)
+    ]
     return sum(linear.nbytes for linear in linears)
 
 
@@ -73,7 +74,9 @@ def shapes_text(backend) -> str:
         if isinstance(choice, int):
             parts.append(f"{n}->{choice} tokens")
         else:
-            parts.append(f"{n}: {'packed' if choice.packed else 'plain'}{f' padded to {choice.rows}' if choice.rows else ''}")
+            parts.append(
+                f"{n}: {'packed' if choice.packed else 'plain'}{f' padded to {choice.rows}' if choice.rows else ''}"
+            )
     return "; ".join(parts)
 
 
@@ -112,16 +115,20 @@ def main() -> None:
     input_ids = torch.tensor([ids])
     model.generate(input_ids, max_new_tokens=8, do_sample=False)
     start = time.perf_counter()
-    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                         max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
+    out = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        do_sample=False,
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens,
+    )
     speeds["transformers model.generate (fp32)"] = args.new_tokens / (time.perf_counter() - start)
-    reference = out[0, len(ids):].tolist()
+    reference = out[0, len(ids) :].tolist()
     for measured in (True, False):
         label = "measured shapes" if measured else "fixed shapes"
         for kind, precision in [("hf", "fp32")] + [("native", p) for p in precisions]:
             name = f"quickdraft none, {'transformers' if kind == 'hf' else 'native ' + precision}, {label}"
-            plain = quickdraft.Decoder(target, None, "none", backend=kind, precision=precision,
-                                       measure_shapes=measured)
+            plain = quickdraft.Decoder(target, None, "none", backend=kind, precision=precision, measure_shapes=measured)
             plain.generate(ids, max_new_tokens=8)
             result = plain.generate(ids, max_new_tokens=args.new_tokens)
             speeds[name] = len(result.token_ids) / result.stats.wall_time
@@ -130,23 +137,37 @@ def main() -> None:
     native = {p: backends[f"native {p}, measured shapes"].weights for p in precisions}
     floor = {p: 1000 * weight_bytes(native[p]) / bandwidth for p in precisions}
     machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-    lines = [f"Target: {target.name}; {date.today()}; {machine}; copy bandwidth "
-             f"{bandwidth / 1e9:.1f} GB/s; weight bytes read per pass -> floor (bytes / bandwidth): "
-             + ", ".join(f"{p} {weight_bytes(native[p]) / 1e6:.0f} MB -> {floor[p]:.1f} ms" for p in precisions)
-             + ".", "", "Pass shapes measured at load on this machine (row count: kernel):", ""]
+    lines = [
+        f"Target: {target.name}; {date.today()}; {machine}; copy bandwidth "
+        f"{bandwidth / 1e9:.1f} GB/s; weight bytes read per pass -> floor (bytes / bandwidth): "
+        + ", ".join(f"{p} {weight_bytes(native[p]) / 1e6:.0f} MB -> {floor[p]:.1f} ms" for p in precisions)
+        + ".",
+        "",
+        "Pass shapes measured at load on this machine (row count: kernel):",
+        "",
+    ]
     for name, backend in backends.items():
         if "measured" in name:
             lines.append(f"- {name.split(',')[0]}: {shapes_text(backend)}")
-    lines += ["", f"ms per target pass (median of {args.repeats})", "",
-              "| context | backend | " + " | ".join(f"{n} tok" for n in args.tokens) + " | 8 tok / 1 tok |",
-              "|---" * (len(args.tokens) + 3) + "|"]
+    lines += [
+        "",
+        f"ms per target pass (median of {args.repeats})",
+        "",
+        "| context | backend | " + " | ".join(f"{n} tok" for n in args.tokens) + " | 8 tok / 1 tok |",
+        "|---" * (len(args.tokens) + 3) + "|",
+    ]
     for context in args.contexts:
         for name in backends:
             cells = [f"{table[(name, context, n)]:.1f}" for n in args.tokens]
             ratio = table[(name, context, 8)] / table[(name, context, 1)] if 8 in args.tokens else float("nan")
             lines.append(f"| {context} | {name} | " + " | ".join(cells) + f" | {ratio:.2f}x |")
-    lines += ["", f"Plain greedy decoding, {args.new_tokens} new tokens, chat prompt {PROMPT!r}:", "",
-              "| decoder | tok/s | vs model.generate | same tokens as model.generate |", "|---|---|---|---|"]
+    lines += [
+        "",
+        f"Plain greedy decoding, {args.new_tokens} new tokens, chat prompt {PROMPT!r}:",
+        "",
+        "| decoder | tok/s | vs model.generate | same tokens as model.generate |",
+        "|---|---|---|---|",
+    ]
     base = speeds["transformers model.generate (fp32)"]
     for label, speed in speeds.items():
         lines.append(f"| {label} | {speed:.1f} | {speed / base:.2f}x | {same.get(label, 'reference')} |")
@@ -155,8 +176,9 @@ def main() -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "report.md").write_text(report + "\n")
     raw = {f"{name}|{context}|{tokens}": ms for (name, context, tokens), ms in table.items()}
-    (args.output / "raw.json").write_text(json.dumps({"pass_ms": raw, "tok_s": speeds, "floor_ms": floor,
-                                                      "bandwidth": bandwidth}, indent=1))
+    (args.output / "raw.json").write_text(
+        json.dumps({"pass_ms": raw, "tok_s": speeds, "floor_ms": floor, "bandwidth": bandwidth}, indent=1)
+    )
 
 
 if __name__ == "__main__":

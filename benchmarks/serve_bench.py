@@ -35,8 +35,7 @@ from quickdraft.bench.prompts import default_prompt_file, load_prompts
 from quickdraft.bench.report import machine
 
 
-async def run_load(url: str, model: str, prompts: list[str], concurrency: int, method: str,
-                   max_tokens: int) -> dict:
+async def run_load(url: str, model: str, prompts: list[str], concurrency: int, method: str, max_tokens: int) -> dict:
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
     queue = list(prompts)
     latencies, first_tokens, tokens = [], [], 0
@@ -47,8 +46,14 @@ async def run_load(url: str, model: str, prompts: list[str], concurrency: int, m
             prompt = queue.pop()
             start = time.perf_counter()
             stream = await client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
-                stream=True, stream_options={"include_usage": True}, extra_body={"quickdraft": {"method": method}})
+                model=model,
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=max_tokens,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"quickdraft": {"method": method}},
+            )
             first = None
             async for chunk in stream:
                 if first is None and chunk.choices and chunk.choices[0].delta.content:
@@ -62,9 +67,15 @@ async def run_load(url: str, model: str, prompts: list[str], concurrency: int, m
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - start
     await client.close()
-    return {"requests": len(prompts), "tokens": tokens, "seconds": wall, "requests_per_second": len(prompts) / wall,
-            "tokens_per_second": tokens / wall, "median_latency": statistics.median(latencies),
-            "median_first_token": statistics.median(first_tokens)}
+    return {
+        "requests": len(prompts),
+        "tokens": tokens,
+        "seconds": wall,
+        "requests_per_second": len(prompts) / wall,
+        "tokens_per_second": tokens / wall,
+        "median_latency": statistics.median(latencies),
+        "median_first_token": statistics.median(first_tokens),
+    }
 
 
 def run_library(decoder, prompts: list[str], method: str, max_tokens: int) -> dict:
@@ -91,8 +102,20 @@ def start_server(precision: str, max_batch: int, max_tokens: int) -> tuple[subpr
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "quickdraft.cli", "serve", "--port", str(port), "--precision", precision,
-               "--max-batch", str(max_batch), "--max-tokens-limit", str(max_tokens)]
+    command = [
+        sys.executable,
+        "-m",
+        "quickdraft.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--precision",
+        precision,
+        "--max-batch",
+        str(max_batch),
+        "--max-tokens-limit",
+        str(max_tokens),
+    ]
     process = subprocess.Popen(command)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -137,30 +160,43 @@ def main() -> None:
             if concurrency == 1:  # the library on the same requests, right before the server
                 library[method] = run_library(decoder, prompts, method, args.max_tokens)
             results[(method, concurrency)] = asyncio.run(
-                run_load(url, model, prompts, concurrency, method, args.max_tokens))
+                run_load(url, model, prompts, concurrency, method, args.max_tokens)
+            )
     finally:
         process.terminate()
         process.wait(60)
 
-    lines = [f"Target: {model} ({args.precision}); {len(prompts)} streaming chat requests per run (greedy, "
-             f"max_tokens {args.max_tokens}, prompts from {source or 'the built-in set'}); max batch "
-             f"{max(args.concurrency)}; {date.today()}; {machine()}.", "",
-             "| concurrency | method | requests/s | tokens/s | median latency s | median first token s "
-             "| tokens/s vs none |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Target: {model} ({args.precision}); {len(prompts)} streaming chat requests per run (greedy, "
+        f"max_tokens {args.max_tokens}, prompts from {source or 'the built-in set'}); max batch "
+        f"{max(args.concurrency)}; {date.today()}; {machine()}.",
+        "",
+        "| concurrency | method | requests/s | tokens/s | median latency s | median first token s | tokens/s vs none |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for concurrency in args.concurrency:
         base = results.get(("none", concurrency))
         for method in args.methods:
             r = results[(method, concurrency)]
             ratio = f"{r['tokens_per_second'] / base['tokens_per_second']:.2f}x" if base else ""
-            lines.append(f"| {concurrency} | {method} | {r['requests_per_second']:.2f} | {r['tokens_per_second']:.1f} "
-                         f"| {r['median_latency']:.2f} | {r['median_first_token']:.2f} | {ratio} |")
+            lines.append(
+                f"| {concurrency} | {method} | {r['requests_per_second']:.2f} | {r['tokens_per_second']:.1f} "
+                f"| {r['median_latency']:.2f} | {r['median_first_token']:.2f} | {ratio} |"
+            )
     if library:
-        lines += ["", "One client through the server against the library, the same requests back to back:", "",
-                  "| method | library tokens/s | server tokens/s (1 client) | server / library |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "One client through the server against the library, the same requests back to back:",
+            "",
+            "| method | library tokens/s | server tokens/s (1 client) | server / library |",
+            "|---|---|---|---|",
+        ]
         for method, lib in library.items():
             served = results[(method, 1)]["tokens_per_second"]
-            lines.append(f"| {method} | {lib['tokens_per_second']:.1f} | {served:.1f} | "
-                         f"{served / lib['tokens_per_second']:.2f}x |")
+            lines.append(
+                f"| {method} | {lib['tokens_per_second']:.1f} | {served:.1f} | "
+                f"{served / lib['tokens_per_second']:.2f}x |"
+            )
     raw = {f"{m}|{c}": r for (m, c), r in results.items()} | {f"library|{m}": r for m, r in library.items()}
     write_report(args.output, "\n".join(lines), raw)
 

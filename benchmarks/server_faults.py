@@ -25,8 +25,16 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_bench import start_server, write_report  # noqa: E402
 
-PROMPTS = ["What is a prime number?", "Why is the sky blue?", "Name three fruits.", "What is Python?",
-           "How do plants grow?", "What is rain?", "Who was Ada Lovelace?", "What is a CPU?"]
+PROMPTS = [
+    "What is a prime number?",
+    "Why is the sky blue?",
+    "Name three fruits.",
+    "What is Python?",
+    "How do plants grow?",
+    "What is rain?",
+    "Who was Ada Lovelace?",
+    "What is a CPU?",
+]
 
 
 def rss_mb(pid: int) -> float:
@@ -47,14 +55,19 @@ async def post(client: httpx.AsyncClient, url: str, body: dict, timeout: float =
 
 
 def chat(model: str, prompt: str, max_tokens: int, **extra) -> dict:
-    return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0} | extra
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    } | extra
 
 
 async def load_level(url: str, model: str, concurrency: int, requests: int, max_tokens: int) -> dict:
     queue = [PROMPTS[i % len(PROMPTS)] for i in range(requests)]
     latencies, statuses = [], []
     async with httpx.AsyncClient() as client:
+
         async def worker() -> None:
             while queue:
                 status, seconds = await post(client, url, chat(model, queue.pop(), max_tokens))
@@ -65,9 +78,14 @@ async def load_level(url: str, model: str, concurrency: int, requests: int, max_
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - start
     latencies.sort()
-    return {"concurrency": concurrency, "requests": requests, "ok": statuses.count(200),
-            "requests_per_second": requests / wall, "p50": statistics.median(latencies),
-            "p95": latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]}
+    return {
+        "concurrency": concurrency,
+        "requests": requests,
+        "ok": statuses.count(200),
+        "requests_per_second": requests / wall,
+        "p50": statistics.median(latencies),
+        "p95": latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))],
+    }
 
 
 async def fill(url: str, model: str, total: int, concurrency: int, max_tokens: int) -> int:
@@ -97,8 +115,9 @@ async def healthy_beside(url: str, model: str, hostile: str, max_tokens: int) ->
                 status, _ = await post(client, url, body, timeout=120)
                 return status
             options = [{"temperature": 1e-38}, {"temperature": 1, "top_p": 1e-300}]
-            results = await asyncio.gather(*(post(client, url, chat(model, PROMPTS[1], max_tokens, **o))
-                                             for o in options))
+            results = await asyncio.gather(
+                *(post(client, url, chat(model, PROMPTS[1], max_tokens, **o)) for o in options)
+            )
             return max(status for status, _ in results)
 
         async def healthy() -> tuple[int, float]:
@@ -106,8 +125,13 @@ async def healthy_beside(url: str, model: str, hostile: str, max_tokens: int) ->
             return await post(client, url, chat(model, PROMPTS[0], max_tokens), timeout=120)
 
         hostile_status, (status, beside) = await asyncio.gather(attack(), healthy())
-    return {"hostile": hostile, "hostile_status": hostile_status, "healthy_alone": alone,
-            "healthy_beside": beside, "healthy_status": status}
+    return {
+        "hostile": hostile,
+        "hostile_status": hostile_status,
+        "healthy_alone": alone,
+        "healthy_beside": beside,
+        "healthy_status": status,
+    }
 
 
 def main() -> None:
@@ -134,27 +158,39 @@ def main() -> None:
         results["rss_after_400_mb"] = rss_mb(process.pid)
         results["distinct_ok"] = asyncio.run(distinct_options(url, model, 40, 400))
         results["rss_after_40_distinct_mb"] = rss_mb(process.pid)
-        results["hostile"] = [asyncio.run(healthy_beside(url, model, h, 8))
-                              for h in ("5 MB body", "temperature 1e-38 / top_p 1e-300")]
+        results["hostile"] = [
+            asyncio.run(healthy_beside(url, model, h, 8)) for h in ("5 MB body", "temperature 1e-38 / top_p 1e-300")
+        ]
     finally:
         process.terminate()
         process.wait(60)
 
-    lines = [f"{args.label or 'this checkout'}: `quickdraft serve --precision {args.precision} --max-batch "
-             f"{max(args.concurrency)}`; {date.today()}; chat requests, greedy, max_tokens {args.max_tokens}.", "",
-             "| concurrency | requests | answered 200 | requests/s | p50 latency s | p95 latency s |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"{args.label or 'this checkout'}: `quickdraft serve --precision {args.precision} --max-batch "
+        f"{max(args.concurrency)}`; {date.today()}; chat requests, greedy, max_tokens {args.max_tokens}.",
+        "",
+        "| concurrency | requests | answered 200 | requests/s | p50 latency s | p95 latency s |",
+        "|---|---|---|---|---|---|",
+    ]
     for level in results["levels"]:
-        lines.append(f"| {level['concurrency']} | {level['requests']} | {level['ok']} | "
-                     f"{level['requests_per_second']:.2f} | {level['p50']:.2f} | {level['p95']:.2f} |")
-    lines += ["", f"RSS: {results['rss_start_mb']:.0f} MB after warm-up, {results['rss_after_400_mb']:.0f} MB "
-              f"after 400 requests, {results['rss_after_40_distinct_mb']:.0f} MB after 40 requests with distinct "
-              f"k values and ~1,000-token prompts ({results['distinct_ok']}/40 answered).", "",
-              "| hostile request | its status | healthy alone s | healthy beside it s | healthy status |",
-              "|---|---|---|---|---|"]
+        lines.append(
+            f"| {level['concurrency']} | {level['requests']} | {level['ok']} | "
+            f"{level['requests_per_second']:.2f} | {level['p50']:.2f} | {level['p95']:.2f} |"
+        )
+    lines += [
+        "",
+        f"RSS: {results['rss_start_mb']:.0f} MB after warm-up, {results['rss_after_400_mb']:.0f} MB "
+        f"after 400 requests, {results['rss_after_40_distinct_mb']:.0f} MB after 40 requests with distinct "
+        f"k values and ~1,000-token prompts ({results['distinct_ok']}/40 answered).",
+        "",
+        "| hostile request | its status | healthy alone s | healthy beside it s | healthy status |",
+        "|---|---|---|---|---|",
+    ]
     for h in results["hostile"]:
-        lines.append(f"| {h['hostile']} | {h['hostile_status']} | {h['healthy_alone']:.2f} | "
-                     f"{h['healthy_beside']:.2f} | {h['healthy_status']} |")
+        lines.append(
+            f"| {h['hostile']} | {h['hostile_status']} | {h['healthy_alone']:.2f} | "
+            f"{h['healthy_beside']:.2f} | {h['healthy_status']} |"
+        )
     write_report(args.output, "\n".join(lines), results)
 
 

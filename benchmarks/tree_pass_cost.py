@@ -63,8 +63,9 @@ def main() -> None:
 
     in_place = backend.in_place_trees  # what this machine's check allowed (backends/kernel_timing.py)
     kinds = [("chain", chain, False), ("tree", tree, False)] + ([("tree in place", tree, True)] if in_place else [])
-    cases = [("one", 1, lambda n: SeqPass(cache, [7]), False)] + [(kind, n, make, place) for n in sizes
-                                                                 for kind, make, place in kinds]
+    cases = [("one", 1, lambda n: SeqPass(cache, [7]), False)] + [
+        (kind, n, make, place) for n in sizes for kind, make, place in kinds
+    ]
     times: dict[tuple[str, int], list[float]] = {(kind, n): [] for kind, n, _, _ in cases}
     for _ in tqdm(range(args.repeats), desc="rounds", unit="round"):
         for kind, n, make, place in cases:
@@ -77,11 +78,15 @@ def main() -> None:
     ms = {key: statistics.median(t) for key, t in times.items()}
     one = ms[("one", 1)]
     cpu = platform.processor() or platform.machine()
-    print(f"native {args.precision}, {args.context} cached tokens, {args.threads} threads, {cpu}, "
-          f"torch {torch.__version__}, {date.today()}; one-token pass {one:.1f} ms; trees read in place: "
-          f"{'allowed' if in_place else 'not exact with this kernel'}")
-    print("| tokens in the pass | chain ms | x one token | tree ms (gathered) | x one token | tree / chain |"
-          + (" tree ms (in place) | x one token | tree / chain |" if in_place else ""))
+    print(
+        f"native {args.precision}, {args.context} cached tokens, {args.threads} threads, {cpu}, "
+        f"torch {torch.__version__}, {date.today()}; one-token pass {one:.1f} ms; trees read in place: "
+        f"{'allowed' if in_place else 'not exact with this kernel'}"
+    )
+    print(
+        "| tokens in the pass | chain ms | x one token | tree ms (gathered) | x one token | tree / chain |"
+        + (" tree ms (in place) | x one token | tree / chain |" if in_place else "")
+    )
     print("|---|---|---|---|---|---|" + ("---|---|---|" if in_place else ""))
     for n in sizes:
         c, t = ms[("chain", n)], ms[("tree", n)]

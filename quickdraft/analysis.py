@@ -33,6 +33,7 @@ def predicted_speedup(alpha: float, k: int, cost_ratio: float, verify_ratio: flo
 
 def best_k(alpha: float, cost_ratio: float, k_max: int = 16, verify_ratio=None) -> int:
     """The K in 1..k_max with the highest predicted speedup (verify_ratio: K -> T_target(K)/T_target(1))."""
+
     def speedup(k: int) -> float:
         ratio = verify_ratio(k) if verify_ratio is not None else 1.0
         return predicted_speedup(alpha, k, cost_ratio, ratio)
@@ -50,8 +51,9 @@ class Prediction:
 
 
 def predict(alpha: float, k: int, cost_ratio: float, verify_ratio: float = 1.0) -> Prediction:
-    return Prediction(alpha, k, cost_ratio, expected_tokens_per_pass(alpha, k),
-                      predicted_speedup(alpha, k, cost_ratio, verify_ratio))
+    return Prediction(
+        alpha, k, cost_ratio, expected_tokens_per_pass(alpha, k), predicted_speedup(alpha, k, cost_ratio, verify_ratio)
+    )
 
 
 def _check(alpha: float, k: int) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from tqdm import tqdm
 
-
 CALIBRATION_PROMPT = "Explain in a few sentences why the sky is blue, then list three colours of the rainbow."
 
 

@@ -349,8 +349,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def planned_choice(
-    target: "ModelShape", backend: str, precision: str | None, device: str, cache_dir: str | os.PathLike | None = None
-) -> "Choice":
+    target: ModelShape, backend: str, precision: str | None, device: str, cache_dir: str | os.PathLike | None = None
+) -> Choice:
     """The backend `generate` would choose for `target` (backends/select.py's one rule), without
     timing anything: auto's llama.cpp-or-native verdict is the one kept on this machine, else the
     default the first load keeps unless native is clearly faster."""

@@ -94,21 +94,33 @@ class Decoder:
         config = self.config
         self.device = resolve_device(config.device)
         # The backend that runs the target: "llama.cpp", "static", "native" or "hf" (auto resolved here).
-        choice = choose_backend(target.config, target.gguf, target.name, config.backend, config.precision,
-                                self.device, reads_inner_layers(target, config), target.stored_precision,
-                                (lambda: auto_verdict(target, self.device, cache_dir)) if measure_shapes else None)
+        choice = choose_backend(
+            target.config,
+            target.gguf,
+            target.name,
+            config.backend,
+            config.precision,
+            self.device,
+            reads_inner_layers(target, config),
+            target.stored_precision,
+            (lambda: auto_verdict(target, self.device, cache_dir)) if measure_shapes else None,
+        )
         self.backend_kind, self.precision, self.backend_reason = choice.kind, choice.precision, choice.reason
         self._cache_dir, self._measure = cache_dir, measure_shapes
 
         def backend_for(loaded: LoadedModel, layers: list[int] | None = None):
-            kind, precision = (self.backend_kind, self.precision) if loaded is target else \
-                draft_backend(self.backend_kind, self.precision, loaded, self.device)
+            kind, precision = (
+                (self.backend_kind, self.precision)
+                if loaded is target
+                else draft_backend(self.backend_kind, self.precision, loaded, self.device)
+            )
             # Where kernels are chosen by pass size (native bf16 on a CPU): a draft model's for the
             # one-token passes it drafts with (its bits never reach the output); the target's for
             # verify passes, whatever the method, so plain decoding has speculation's bits.
             rows = VERIFY_ROWS if loaded is target else DECODE_ROWS
-            return make_backend(loaded, kind, precision, str(self.device), layers, measure_shapes, cache_dir,
-                                config.context, rows)
+            return make_backend(
+                loaded, kind, precision, str(self.device), layers, measure_shapes, cache_dir, config.context, rows
+            )
 
         self.target_backend = backend_for(target)
         shapes = shapes_folder(cache_dir) if measure_shapes else None
@@ -163,8 +175,15 @@ class Decoder:
             kept.pop("precision")  # another backend: its own default precision
         if k is not None:
             kept.pop("k", None)
-        return Decoder(self.target, self.draft, method or self.method, k, cache_dir=self._cache_dir,
-                       measure_shapes=self._measure, **(kept | options))
+        return Decoder(
+            self.target,
+            self.draft,
+            method or self.method,
+            k,
+            cache_dir=self._cache_dir,
+            measure_shapes=self._measure,
+            **(kept | options),
+        )
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Prompt text or ids -> ids. Text gets the chat template when the model has one (chat=None)."""
@@ -243,8 +262,9 @@ class Decoder:
             logprobs=logprobs,
         )
 
-    def start(self, prompt: Prompt, max_new_tokens: int = SAMPLING["max_new_tokens"].default,
-              **options: Any) -> Generation:
+    def start(
+        self, prompt: Prompt, max_new_tokens: int = SAMPLING["max_new_tokens"].default, **options: Any
+    ) -> Generation:
         """Prefill a prompt and return the Generation; step it yourself to stream (options as generate's)."""
         generation = self.prepare(prompt, max_new_tokens, **options)
         prefill([generation])
@@ -252,16 +272,18 @@ class Decoder:
             raise generation.error
         return generation
 
-    def generate(self, prompt: Prompt, max_new_tokens: int = SAMPLING["max_new_tokens"].default,
-                 **options: Any) -> GenerationOutput:
+    def generate(
+        self, prompt: Prompt, max_new_tokens: int = SAMPLING["max_new_tokens"].default, **options: Any
+    ) -> GenerationOutput:
         """Decode `prompt` (text or token ids). Options: temperature, top_k, top_p, seed, stop, chat."""
         generation = self.start(prompt, max_new_tokens, **options)
         while not generation.done:
             generation.step()
         return self.finish(generation)
 
-    def stream(self, prompt: Prompt, max_new_tokens: int = SAMPLING["max_new_tokens"].default,
-               **options: Any) -> Iterator[StepRecord]:
+    def stream(
+        self, prompt: Prompt, max_new_tokens: int = SAMPLING["max_new_tokens"].default, **options: Any
+    ) -> Iterator[StepRecord]:
         """Yield each step's record as it is decoded."""
         yield from self.start(prompt, max_new_tokens, **options)
 
@@ -269,14 +291,21 @@ class Decoder:
         """Package a finished Generation: its text ends before a stop string."""
         new_ids = generation.new_tokens
         if self.config.backend == AUTO and observe_passes(
-                self.target, self.device, self._cache_dir,
-                [step.verify_time for step in generation.steps if not step.draft_tokens]):
-            print(f"quickdraft: this run's one-token passes came clearly faster than when auto chose the "
-                  f"{self.backend_kind} backend for {self.target.name} here; that choice is dropped and the next load "
-                  f"times the backends again", file=sys.stderr)
+            self.target,
+            self.device,
+            self._cache_dir,
+            [step.verify_time for step in generation.steps if not step.draft_tokens],
+        ):
+            print(
+                f"quickdraft: this run's one-token passes came clearly faster than when auto chose the "
+                f"{self.backend_kind} backend for {self.target.name} here; that choice is dropped and the next load "
+                f"times the backends again",
+                file=sys.stderr,
+            )
         text = generation.text.finish() if generation.text is not None else self.decode(new_ids)
-        return GenerationOutput(text, new_ids, generation.tokens[: generation.prompt_length],
-                                generation.stats, generation.steps)
+        return GenerationOutput(
+            text, new_ids, generation.tokens[: generation.prompt_length], generation.stats, generation.steps
+        )
 
     def decode(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:
@@ -285,9 +314,7 @@ class Decoder:
 
     def _require_tokenizer(self) -> PreTrainedTokenizerBase:
         if self.tokenizer is None:
-            raise QuickdraftError(
-                f"model {self.target.name!r} has no tokenizer: pass token ids, or tokenizer=..."
-            )
+            raise QuickdraftError(f"model {self.target.name!r} has no tokenizer: pass token ids, or tokenizer=...")
         return self.tokenizer
 
 
@@ -321,8 +348,8 @@ def load(
         same_vocabulary(target_model, draft_model)  # refuses a pair whose tokens cannot be matched
     if options.get("layers") == "auto":
         settings = {name: value for name, value in options.items() if name in MODEL_OPTIONS}
-        base = Decoder(target_model, draft_model, "none", cache_dir=cache_dir, measure_shapes=measure_shapes,
-                       **settings)
+        base = Decoder(
+            target_model, draft_model, "none", cache_dir=cache_dir, measure_shapes=measure_shapes, **settings
+        )
         return calibrate_self_spec(base, method or "self-spec", k, **options)
-    return Decoder(target_model, draft_model, method, k, cache_dir=cache_dir, measure_shapes=measure_shapes,
-                   **options)
+    return Decoder(target_model, draft_model, method, k, cache_dir=cache_dir, measure_shapes=measure_shapes, **options)

@@ -113,15 +113,16 @@ def _prior_line(x: float, y: float, prior_slope: float) -> tuple[float, float]:
     return base, prior_slope * base
 
 
-def _best_drafting_k(alpha: float, t_draft: float, base: float, slope: float, k_lo: int,
-                     k_hi: int) -> tuple[int, float]:
+def _best_drafting_k(
+    alpha: float, t_draft: float, base: float, slope: float, k_lo: int, k_hi: int
+) -> tuple[int, float]:
     """The K in k_lo..k_hi with the least expected time per token under T_target(K) = base + slope * K,
     and that time. With linear costs and the geometric E the time per token falls, then rises, so the
     scan stops at the first K that does not improve (O(best K), whatever k_hi is)."""
     best_k, best_t = k_lo, time_per_token(alpha, k_lo, t_draft, base + slope * k_lo)
     for k in range(k_lo + 1, k_hi + 1):
         t = time_per_token(alpha, k, t_draft, base + slope * k)
-        if t >= best_t or alpha ** k < 1e-6:  # past the minimum, or one more draft adds ~nothing
+        if t >= best_t or alpha**k < 1e-6:  # past the minimum, or one more draft adds ~nothing
             break
         best_k, best_t = k, t
     return best_k, best_t
@@ -196,9 +197,20 @@ class CostModelK:
     For trees, K and the counts are draft positions (depths), as the engine's K is the depth.
     """
 
-    def __init__(self, k_start: int, k_min: int = 1, k_max: int = 16, prior_alpha: float = 0.5,
-                 prior_slope: float = DEFAULT_PRIOR_SLOPE, window: int = 24, horizon: int = 128, probe_every: int = 16,
-                 alpha_memory: float = 64.0, min_samples: int = 3, costs: PassCosts | None = None) -> None:
+    def __init__(
+        self,
+        k_start: int,
+        k_min: int = 1,
+        k_max: int = 16,
+        prior_alpha: float = 0.5,
+        prior_slope: float = DEFAULT_PRIOR_SLOPE,
+        window: int = 24,
+        horizon: int = 128,
+        probe_every: int = 16,
+        alpha_memory: float = 64.0,
+        min_samples: int = 3,
+        costs: PassCosts | None = None,
+    ) -> None:
         self.k = k_start
         self.k_min, self.k_max = k_min, k_max
         self.prior_slope = prior_slope
@@ -283,8 +295,9 @@ class CostModelK:
 
     def _cheapest_drafted(self) -> float:
         """The least median verify time among drafted counts with enough samples (inf when none)."""
-        return min((r.median for c, r in self._verify.items() if c > 0 and len(r) >= self.min_samples),
-                   default=float("inf"))
+        return min(
+            (r.median for c, r in self._verify.items() if c > 0 and len(r) >= self.min_samples), default=float("inf")
+        )
 
     def _target_cost(self) -> tuple[float, float]:
         """(base, slope) of T_target(K) = base + slope * K, from the median verify time per drafted count.
@@ -292,8 +305,9 @@ class CostModelK:
         Plain passes (0 drafted) stay out of the line: they are priced by their own median, and a
         pass that drafts may cost more than the line through 0 says (a 1-token fast path)."""
         drafted = {c: r for c, r in self._verify.items() if c > 0}
-        line = _resistant_line([(float(c), r.median, float(len(r))) for c, r in drafted.items()
-                                if len(r) >= self.min_samples])
+        line = _resistant_line(
+            [(float(c), r.median, float(len(r))) for c, r in drafted.items() if len(r) >= self.min_samples]
+        )
         if line is not None and line[0] > 0:
             return line
         # One count cannot show the slope (and counts measured under different loads can show a
@@ -316,8 +330,9 @@ def prior_slope(pass_ms: dict[int, float] | None) -> float:
     return line[1] / line[0] if line is not None and line[0] > 0 else DEFAULT_PRIOR_SLOPE
 
 
-def make_draft_length(kind: str, k: int, k_max: int = 16, costs: PassCosts | None = None,
-                      slope: float = DEFAULT_PRIOR_SLOPE) -> DraftLength:
+def make_draft_length(
+    kind: str, k: int, k_max: int = 16, costs: PassCosts | None = None, slope: float = DEFAULT_PRIOR_SLOPE
+) -> DraftLength:
     """A fresh policy for one generation; k is the starting (or fixed) K. costs: the timings the
     cost model shares with the decoder's other generations (None: its own). slope: the cost model's
     prior slope / base (see prior_slope)."""

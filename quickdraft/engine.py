@@ -144,16 +144,26 @@ class Generation:
         mask, offsets = pass_layout(parents, draft.aux_offsets, draft.aux_mask)  # [n, n], [n]
         device = self.target.device
         cached = torch.ones(len(inputs), self.cache.length, dtype=torch.bool, device=device)  # the prefix
-        return PassLayout(k, root, draft, inputs, [root + o for o in offsets],
-                        torch.cat([cached, mask.to(device)], dim=1), parents, draft_time, kept=kept)
+        return PassLayout(
+            k,
+            root,
+            draft,
+            inputs,
+            [root + o for o in offsets],
+            torch.cat([cached, mask.to(device)], dim=1),
+            parents,
+            draft_time,
+            kept=kept,
+        )
 
     def complete(self, layout: PassLayout, output: PassOutput) -> StepRecord:
         """Verify the draft with the target's logits [n, V] for layout.inputs; accept, roll back, emit."""
         start = time.perf_counter()
         draft, root = layout.draft, layout.root
         m = len(draft.tokens)
-        verdict: Verdict = verify_tree(draft.tokens, layout.parents, output.logits[: m + 1], self.sampling,
-                                       self.generator, draft.probs)
+        verdict: Verdict = verify_tree(
+            draft.tokens, layout.parents, output.logits[: m + 1], self.sampling, self.generator, draft.probs
+        )
         emitted = self._emit([*(draft.tokens[i] for i in verdict.path), verdict.next_token])
         # Row 0 (the root) predicted the first proposed token, the row of each accepted node the next.
         rows = [0, *(1 + i for i in verdict.path)][: len(emitted)]
@@ -212,10 +222,26 @@ def prefill(generations: list[Generation]) -> None:
     start = time.perf_counter()
     for target, group in _grouped(generations, lambda g: g.target):
         want = [g for g in group if g.prompt_length > 1]
-        hidden = _isolated(want, lambda gs: [out.hidden for out in target.forward(
-            [SeqPass(g.cache, g.tokens[:-1], logits="none", hidden=g.drafter.needs_hidden, taps=g.drafter.taps,
-                     prompt=True) for g in gs])],
-            rewind=lambda g: g.cache.truncate(0))
+        hidden = _isolated(
+            want,
+            lambda gs: [
+                out.hidden
+                for out in target.forward(
+                    [
+                        SeqPass(
+                            g.cache,
+                            g.tokens[:-1],
+                            logits="none",
+                            hidden=g.drafter.needs_hidden,
+                            taps=g.drafter.taps,
+                            prompt=True,
+                        )
+                        for g in gs
+                    ]
+                )
+            ],
+            rewind=lambda g: g.cache.truncate(0),
+        )
         for g in group:
             g.prefilled = True
             if not g.done:  # hidden: [prompt - 1, H] or None
@@ -233,8 +259,7 @@ def step(generations: list[Generation]) -> list[StepRecord | None]:
     for drafter, group in _grouped(generations, lambda g: g.drafter):
         start = time.perf_counter()
         asked = _each(group, lambda g: g.draft_request())
-        drafts = _isolated([g for g in group if not g.done],
-                           lambda gs: drafter.propose([asked[id(g)][2] for g in gs]))
+        drafts = _isolated([g for g in group if not g.done], lambda gs: drafter.propose([asked[id(g)][2] for g in gs]))
         elapsed = time.perf_counter() - start
         for g in group:
             if id(g) in drafts:
@@ -243,10 +268,25 @@ def step(generations: list[Generation]) -> list[StepRecord | None]:
     outputs: dict[int, PassOutput] = {}
     for target, group in _grouped([g for g in generations if not g.done], lambda g: g.target):
         start = time.perf_counter()
-        outputs.update(_isolated(group, lambda gs: target.forward(
-            [SeqPass(g.cache, layouts[id(g)].inputs, layouts[id(g)].positions, layouts[id(g)].mask,
-                     hidden=g.drafter.needs_hidden, taps=g.drafter.taps) for g in gs]),
-            rewind=lambda g: g.cache.truncate(len(g.tokens) - 1)))  # the cache holds all but the newest token
+        outputs.update(
+            _isolated(
+                group,
+                lambda gs: target.forward(
+                    [
+                        SeqPass(
+                            g.cache,
+                            layouts[id(g)].inputs,
+                            layouts[id(g)].positions,
+                            layouts[id(g)].mask,
+                            hidden=g.drafter.needs_hidden,
+                            taps=g.drafter.taps,
+                        )
+                        for g in gs
+                    ]
+                ),
+                rewind=lambda g: g.cache.truncate(len(g.tokens) - 1),
+            )
+        )  # the cache holds all but the newest token
         elapsed = time.perf_counter() - start
         for g in group:
             layouts[id(g)].verify_time = elapsed
@@ -268,8 +308,11 @@ def _each(group: list[Generation], work: Callable[[Generation], object]) -> dict
     return results
 
 
-def _isolated(group: list[Generation], run: Callable[[list[Generation]], list],
-              rewind: Callable[[Generation], None] = lambda g: None) -> dict[int, object]:
+def _isolated(
+    group: list[Generation],
+    run: Callable[[list[Generation]], list],
+    rewind: Callable[[Generation], None] = lambda g: None,
+) -> dict[int, object]:
     """run(group) -> one result per generation, batched; if that raises, each generation is rewound
     and run alone, so a fault fails only the sequences it belongs to. -> {id(g): result}."""
     if not group:

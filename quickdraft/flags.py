@@ -18,12 +18,20 @@ def add_flag(parser: argparse.ArgumentParser, option: Option, note: str = "", de
     shown = f" (default: {option.default})" if option.default is not None else ""
     text = option.help + shown + (f"; {note}" if note else "")
     if option.kind is bool:  # --lookup / --no-lookup
-        parser.add_argument(option.flag, dest=option.name, action=argparse.BooleanOptionalAction, default=default,
-                            help=text)
+        parser.add_argument(
+            option.flag, dest=option.name, action=argparse.BooleanOptionalAction, default=default, help=text
+        )
         return
     metavar = "{" + ",".join(option.choices) + "}" if option.choices else option.name.upper()
-    parser.add_argument(option.flag, dest=option.name, type=_flag_parser(option), metavar=metavar, default=default,
-                        action="append" if option.repeat else "store", help=text)
+    parser.add_argument(
+        option.flag,
+        dest=option.name,
+        type=_flag_parser(option),
+        metavar=metavar,
+        default=default,
+        action="append" if option.repeat else "store",
+        help=text,
+    )
 
 
 def add_option_flags(parser: argparse.ArgumentParser, model_only: bool = False) -> None:
@@ -45,4 +53,5 @@ def _flag_parser(option: Option):
             return option.parse(text)
         except QuickdraftError as error:
             raise argparse.ArgumentTypeError(str(error)) from None
+
     return parse

@@ -27,7 +27,9 @@ def machine_key() -> str:
     cpu = platform.machine()
     try:
         info = Path("/proc/cpuinfo").read_text()
-        names = [line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(("model name", "flags"))]
+        names = [
+            line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(("model name", "flags"))
+        ]
         cpu += "|" + "|".join(dict.fromkeys(names))
     except OSError:
         cpu += "|" + platform.processor()

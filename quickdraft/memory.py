@@ -73,11 +73,20 @@ class ModelShape:
 def shape_from_config(config, name: str = "model", file_bytes: int | None = None) -> ModelShape:
     """A transformers config (Llama, Mistral, Qwen2, SmolLM) -> its ModelShape."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return ModelShape(name, config.num_hidden_layers, config.hidden_size, config.intermediate_size,
-                      config.num_attention_heads, getattr(config, "num_key_value_heads", None)
-                      or config.num_attention_heads, head_dim, config.vocab_size,
-                      int(config.max_position_embeddings), bool(getattr(config, "tie_word_embeddings", False)),
-                      file_bytes, config=config)
+    return ModelShape(
+        name,
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.intermediate_size,
+        config.num_attention_heads,
+        getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+        head_dim,
+        config.vocab_size,
+        int(config.max_position_embeddings),
+        bool(getattr(config, "tie_word_embeddings", False)),
+        file_bytes,
+        config=config,
+    )
 
 
 def shape_from_gguf(path: Path) -> ModelShape:
@@ -102,12 +111,22 @@ def shape_from_gguf(path: Path) -> ModelShape:
     names = {t.name for t in reader.tensors}
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = field_value(f"{arch}.vocab_size", len(tokens.data) if tokens is not None else 0)
-    return ModelShape(path.stem, field_value(f"{arch}.block_count"), hidden, field_value(f"{arch}.feed_forward_length"),
-                      heads, field_value(f"{arch}.attention.head_count_kv", heads),
-                      field_value(f"{arch}.attention.key_length", hidden // heads), vocab,
-                      field_value(f"{arch}.context_length"), "output.weight" not in names,
-                      sum(int(t.n_bytes) for t in reader.tensors), path, gguf_config(path)[0],
-                      repacked_bytes=repacked_bytes(reader.tensors))
+    return ModelShape(
+        path.stem,
+        field_value(f"{arch}.block_count"),
+        hidden,
+        field_value(f"{arch}.feed_forward_length"),
+        heads,
+        field_value(f"{arch}.attention.head_count_kv", heads),
+        field_value(f"{arch}.attention.key_length", hidden // heads),
+        vocab,
+        field_value(f"{arch}.context_length"),
+        "output.weight" not in names,
+        sum(int(t.n_bytes) for t in reader.tensors),
+        path,
+        gguf_config(path)[0],
+        repacked_bytes=repacked_bytes(reader.tensors),
+    )
 
 
 def read_shape(source: str | os.PathLike | None) -> ModelShape:
@@ -151,8 +170,9 @@ def read_shape(source: str | os.PathLike | None) -> ModelShape:
 ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "int8": 2, "int4": 2, "fp16": 2}
 
 
-def backend_weight_bytes(shape: ModelShape, backend: str, precision: str, device: str = "cpu",
-                         packed: bool | None = None) -> int:
+def backend_weight_bytes(
+    shape: ModelShape, backend: str, precision: str, device: str = "cpu", packed: bool | None = None
+) -> int:
     """Bytes of a backend's weights, read from the model's file.
     packed: oneDNN keeps a packed copy of each fp32 linear weight (None: where this torch has it)."""
     packed = torch.backends.mkldnn.is_available() if packed is None else packed
@@ -173,8 +193,9 @@ def backend_weight_bytes(shape: ModelShape, backend: str, precision: str, device
         return total
     # Quantized: embeddings and norms cast to bf16; linears int8 (a scale per output) or int4 (a
     # scale and zero per 32 inputs); the LM head int8 (int4 costs the logits too much).
-    rows = shape.layers * (shape.heads * shape.head_dim + 2 * shape.kv_heads * shape.head_dim + 2 * shape.hidden
-                           + 2 * shape.intermediate)  # output channels of every layer's linears
+    rows = shape.layers * (
+        shape.heads * shape.head_dim + 2 * shape.kv_heads * shape.head_dim + 2 * shape.hidden + 2 * shape.intermediate
+    )  # output channels of every layer's linears
     quantized = linear + rows * act if precision == "int8" else linear // 2 + linear // 32 * 2 * act
     return (embed + norms) * act + quantized + embed + shape.vocab * act
 
@@ -229,21 +250,30 @@ class MemoryReport:
 
     def gauges(self) -> dict[str, int]:
         """Every figure by name (the server's Prometheus gauge labels)."""
-        return {"transformers_copy": self.transformers_copy, "target_weights": self.target_weights,
-                "draft_weights": self.draft_weights, "kv_per_token": self.kv_per_token,
-                "kv_per_sequence": self.kv_per_sequence, "kv_total": self.kv_total, "buffers": self.buffers,
-                "total": self.total, "on_device": self.on_device}
+        return {
+            "transformers_copy": self.transformers_copy,
+            "target_weights": self.target_weights,
+            "draft_weights": self.draft_weights,
+            "kv_per_token": self.kv_per_token,
+            "kv_per_sequence": self.kv_per_sequence,
+            "kv_total": self.kv_total,
+            "buffers": self.buffers,
+            "total": self.total,
+            "on_device": self.on_device,
+        }
 
     def lines(self) -> list[str]:
         pool = "one pool for all sequences" if self.shared_kv else f"x {self.max_batch} sequences"
-        rows = [("transformers model passed in (not shared)", self.transformers_copy),
-                ("target weights (the backend's)", self.target_weights),
-                ("draft model or heads", self.draft_weights),
-                ("KV cache per token", self.kv_per_token),
-                (f"KV cache per sequence at {self.context} tokens", self.kv_per_sequence),
-                (f"KV caches ({pool})", self.kv_total),
-                ("working buffers (estimate)", self.buffers),
-                (f"total at {self.max_batch} sequences", self.total)]
+        rows = [
+            ("transformers model passed in (not shared)", self.transformers_copy),
+            ("target weights (the backend's)", self.target_weights),
+            ("draft model or heads", self.draft_weights),
+            ("KV cache per token", self.kv_per_token),
+            (f"KV cache per sequence at {self.context} tokens", self.kv_per_sequence),
+            (f"KV caches ({pool})", self.kv_total),
+            ("working buffers (estimate)", self.buffers),
+            (f"total at {self.max_batch} sequences", self.total),
+        ]
         if self.device != "cpu":
             rows.append((f"  of which on {self.device}", self.on_device))
         return [f"{label:<48} {human(value):>10}" for label, value in rows] + self.notes
@@ -269,9 +299,19 @@ def parse_bytes(text: str) -> int:
         raise QuickdraftError(f"memory must be a size like 8GiB or 512MiB, got {text!r}", "memory") from None
 
 
-def plan_memory(target: ModelShape, draft: ModelShape | None = None, *, backend: str = NATIVE,
-                precision: str = "fp32", device: str = "cpu", max_batch: int = 1, context: int | None = None,
-                head_bytes: int = 0, rows: int = 16, packed: bool | None = None) -> MemoryReport:
+def plan_memory(
+    target: ModelShape,
+    draft: ModelShape | None = None,
+    *,
+    backend: str = NATIVE,
+    precision: str = "fp32",
+    device: str = "cpu",
+    max_batch: int = 1,
+    context: int | None = None,
+    head_bytes: int = 0,
+    rows: int = 16,
+    packed: bool | None = None,
+) -> MemoryReport:
     """What `max_batch` sequences of `context` tokens need on `backend` at `precision`, from shapes alone.
     rows: tokens per pass per sequence (the static backend: always its 64)."""
     traits = TRAITS[backend]
@@ -286,9 +326,17 @@ def plan_memory(target: ModelShape, draft: ModelShape | None = None, *, backend:
         draft_backend = NATIVE if traits.needs_gguf and draft.gguf is None else backend
         draft_bytes += backend_weight_bytes(draft, draft_backend, precision, device, packed)
         per_token += kv_bytes_per_token(draft, draft_backend, precision)
-    return MemoryReport(backend_weight_bytes(target, backend, precision, device, packed), draft_bytes, per_token,
-                        per_token * slots, buffer_bytes(target, rows * max_batch), max_batch, context,
-                        shared_kv=traits.shared_kv, device=device)
+    return MemoryReport(
+        backend_weight_bytes(target, backend, precision, device, packed),
+        draft_bytes,
+        per_token,
+        per_token * slots,
+        buffer_bytes(target, rows * max_batch),
+        max_batch,
+        context,
+        shared_kv=traits.shared_kv,
+        device=device,
+    )
 
 
 def available_memory() -> int:
@@ -359,15 +407,26 @@ def loaded_memory(decoder, max_batch: int = 1, context: int | None = None) -> Me
         held.append(_weights(drafter_backend))
         draft_bytes += _backend_bytes(drafter_backend)
         draft_precision = getattr(drafter_backend, "precision", "fp32")
-        per_token += kv_bytes_per_token(shape_from_config(decoder.draft.config), traits_for(drafter_backend).name,
-                                        draft_precision)
+        per_token += kv_bytes_per_token(
+            shape_from_config(decoder.draft.config), traits_for(drafter_backend).name, draft_precision
+        )
     models = [model for m in (decoder.target, decoder.draft) if m is not None for model in m.built.values()]
     transformers = tensor_bytes(*models, *held) - tensor_bytes(*held)  # what the backends do not share
     context = min(context or decoder.context_length, decoder.context_length)
     rows = getattr(target, "rows", 16)
     slots = context + rows if traits.rows else context
-    return MemoryReport(own, draft_bytes, per_token, per_token * slots, buffer_bytes(shape, rows * max_batch),
-                        max_batch, context, transformers, shared_kv=traits.shared_kv, device=decoder.device.type)
+    return MemoryReport(
+        own,
+        draft_bytes,
+        per_token,
+        per_token * slots,
+        buffer_bytes(shape, rows * max_batch),
+        max_batch,
+        context,
+        transformers,
+        shared_kv=traits.shared_kv,
+        device=decoder.device.type,
+    )
 
 
 def _backend_bytes(backend: object) -> int:
@@ -386,14 +445,23 @@ def _weights(backend: object) -> object:
     return getattr(backend, "weights", None) or getattr(backend, "model", None)
 
 
-def fit_advice(report: MemoryReport, budget: int, target: ModelShape, draft: ModelShape | None, backend: str,
-               precision: str, device: str, head_bytes: int = 0) -> tuple[bool, list[str]]:
+def fit_advice(
+    report: MemoryReport,
+    budget: int,
+    target: ModelShape,
+    draft: ModelShape | None,
+    backend: str,
+    precision: str,
+    device: str,
+    head_bytes: int = 0,
+) -> tuple[bool, list[str]]:
     """Whether `report` fits in `budget` bytes, and if not what would: fewer sequences, a shorter
     context, or a smaller precision (native backend) at the same batch and context."""
     where = "" if report.device == "cpu" else f" on {report.device}"
     if report.on_device <= budget:
-        return True, [f"fits{where}: {human(report.on_device)} of {human(budget)} "
-                      f"({human(budget - report.on_device)} to spare)"]
+        return True, [
+            f"fits{where}: {human(report.on_device)} of {human(budget)} ({human(budget - report.on_device)} to spare)"
+        ]
     lines = [f"does not fit{where}: needs {human(report.on_device)}, has {human(budget)}"]
     fixed = report.on_device - report.kv_total - report.buffers
     per_sequence = report.kv_per_sequence + report.buffers // report.max_batch
@@ -408,8 +476,16 @@ def fit_advice(report: MemoryReport, budget: int, target: ModelShape, draft: Mod
         for smaller in ("bf16", "int8", "int4"):
             if smaller == precision or smaller not in TRAITS[backend].precisions:
                 continue
-            other = plan_memory(target, draft, backend=backend, precision=smaller, device=device,
-                                max_batch=report.max_batch, context=report.context, head_bytes=head_bytes)
+            other = plan_memory(
+                target,
+                draft,
+                backend=backend,
+                precision=smaller,
+                device=device,
+                max_batch=report.max_batch,
+                context=report.context,
+                head_bytes=head_bytes,
+            )
             if other.on_device <= budget:
                 lines.append(f"  --precision {smaller} fits ({human(other.on_device)})")
                 break

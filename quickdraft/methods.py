@@ -13,7 +13,7 @@ from typing import Any
 
 from quickdraft.analysis import tree_budget
 from quickdraft.backends.backend import Backend
-from quickdraft.drafters import DraftModelDrafter, Drafter, LookaheadDrafter, NoDrafter, PromptLookupDrafter
+from quickdraft.drafters import Drafter, DraftModelDrafter, LookaheadDrafter, NoDrafter, PromptLookupDrafter
 from quickdraft.drafters.cross_vocab import CrossVocabDrafter, VocabMap
 from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.lookup_branch import LookupBranch
@@ -42,7 +42,7 @@ class Parts:
 
 @dataclass(frozen=True)
 class Method:
-    build: Callable[[Parts, "MethodConfig"], Drafter]
+    build: Callable[[Parts, MethodConfig], Drafter]
     default_k: int
     needs_draft_model: bool = False
     speculative: bool = True
@@ -109,8 +109,9 @@ def configure(method: str | None, has_draft_model: bool, **settings: Any) -> Met
     for key in given:
         readers = OPTION[key].methods
         if readers and name not in readers and definition.speculative:
-            raise QuickdraftError(f"option {key!r} does not apply to method {name!r} (it is for "
-                                  f"{', '.join(readers)})", key)
+            raise QuickdraftError(
+                f"option {key!r} does not apply to method {name!r} (it is for {', '.join(readers)})", key
+            )
     if definition.needs_draft_model and not has_draft_model:
         raise QuickdraftError(f'method "{name}" needs a draft model (pass draft=... or --draft)', "method")
     values = {option.name: option.default for option in OPTIONS} | given
@@ -127,8 +128,9 @@ def _build_draft(parts: Parts, config: MethodConfig) -> Drafter:
     key = ("cross-vocab", id(parts.draft))
     if key not in parts.target.heads:
         parts.target.heads[key] = VocabMap.build(parts.target.tokenizer, parts.draft.tokenizer, backend.vocab_size)
-    return CrossVocabDrafter(backend, parts.draft.tokenizer, parts.target.heads[key],
-                             parts.target_backend.vocab_size, config.confidence)
+    return CrossVocabDrafter(
+        backend, parts.draft.tokenizer, parts.target.heads[key], parts.target_backend.vocab_size, config.confidence
+    )
 
 
 def default_self_spec_layers(target: LoadedModel) -> int:
@@ -139,8 +141,9 @@ def default_self_spec_layers(target: LoadedModel) -> int:
 def _build_self_spec(parts: Parts, config: MethodConfig) -> Drafter:
     choice = config.layers if config.layers is not None else default_self_spec_layers(parts.target)
     if choice == "auto":
-        raise QuickdraftError("layers='auto' is resolved by quickdraft.load (it calibrates); pass a depth here",
-                              "layers")
+        raise QuickdraftError(
+            "layers='auto' is resolved by quickdraft.load (it calibrates); pass a depth here", "layers"
+        )
     layers = resolve_layers(parts.target.layers, choice if isinstance(choice, int) else list(choice))
     return DraftModelDrafter(parts.backend_for(parts.target, layers), config.confidence)
 
@@ -154,8 +157,9 @@ def shared_head(kind: str, parts: Parts, config: MethodConfig):
         head = load_head(kind, parts.target, folder, config.full_vocab)
         # On a CPU, int8 or int4 drafting copies (whichever PyTorch kernel is faster here); elsewhere
         # the head runs as trained.
-        parts.target.heads[key] = (for_drafting(head, draft_kernel(head, parts.shapes)) if device.type == "cpu"
-                                   else head.to(device).eval())
+        parts.target.heads[key] = (
+            for_drafting(head, draft_kernel(head, parts.shapes)) if device.type == "cpu" else head.to(device).eval()
+        )
     return parts.target.heads[key]
 
 
@@ -183,14 +187,22 @@ def lookup_branch(config: MethodConfig) -> LookupBranch | None:
 
 def _build_medusa(parts: Parts, config: MethodConfig) -> Drafter:
     nodes, pass_ms = tree_nodes(parts, config)
-    return MedusaDrafter(shared_head("medusa", parts, config), config.tree_top_k, nodes, config.tree, pass_ms,
-                         lookup_branch(config))
+    return MedusaDrafter(
+        shared_head("medusa", parts, config), config.tree_top_k, nodes, config.tree, pass_ms, lookup_branch(config)
+    )
 
 
 def _build_eagle(parts: Parts, config: MethodConfig) -> Drafter:
     nodes, pass_ms = tree_nodes(parts, config)
-    return EagleDrafter(shared_head("eagle", parts, config), parts.target_backend.max_length, config.tree_top_k,
-                        nodes, config.tree, pass_ms, lookup_branch(config))
+    return EagleDrafter(
+        shared_head("eagle", parts, config),
+        parts.target_backend.max_length,
+        config.tree_top_k,
+        nodes,
+        config.tree,
+        pass_ms,
+        lookup_branch(config),
+    )
 
 
 METHODS: dict[str, Method] = {

@@ -28,8 +28,9 @@ def parse_layers(text: str) -> int | list[int] | str:
     try:
         return [int(part) for part in parts] if len(parts) > 1 else int(text)
     except ValueError:
-        raise QuickdraftError(f"layers must be L, a list of layers (0,1,5 or 0+1+5) or auto; got {text!r}",
-                              "layers") from None
+        raise QuickdraftError(
+            f"layers must be L, a list of layers (0,1,5 or 0+1+5) or auto; got {text!r}", "layers"
+        ) from None
 
 
 def _check_layers(value: Any) -> int | tuple[int, ...] | str:
@@ -46,55 +47,143 @@ HEADS = ("eagle", "medusa")
 DRAFT_MODELS = ("draft", "self-spec")
 
 OPTIONS: tuple[Option, ...] = (
-    Option("k", "draft tokens per target pass (eagle/medusa: the tree's depth); default per method",
-           low=1, high=MAX_K),
-    Option("draft_length", "fixed K; adaptive (grow after full accepts, shrink after rejections); cost (the K, "
-           "or none, that maximises expected tokens/s from measured times); default: cost for prompt-lookup, "
-           "else fixed", kind=str, choices=("fixed", "adaptive", "cost")),
-    Option("k_max", "upper bound on K for adaptive and cost; eagle/medusa: the lookup branch's longest chain",
-           default=16, low=1, high=MAX_K),
-    Option("confidence", "draft models: stop drafting when the draft's top probability falls below this",
-           kind=float, low=0.0, high=1.0, methods=DRAFT_MODELS),
-    Option("max_ngram", "prompt lookup (and eagle/medusa's lookup branch): longest n-gram to match", default=3,
-           low=1, high=MAX_K, methods=("prompt-lookup", *HEADS)),
-    Option("min_ngram", "prompt lookup (and eagle/medusa's lookup branch): shortest n-gram to match", default=2,
-           low=1, high=MAX_K, methods=("prompt-lookup", *HEADS)),
-    Option("layers", "self-spec: L (the first L layers), a list of layers to keep (0,1,5), or auto (calibrate); "
-           "default a quarter of the layers", kind=str, methods=("self-spec",), parser=parse_layers,
-           validate=lambda value: _check_layers(value)),
+    Option("k", "draft tokens per target pass (eagle/medusa: the tree's depth); default per method", low=1, high=MAX_K),
+    Option(
+        "draft_length",
+        "fixed K; adaptive (grow after full accepts, shrink after rejections); cost (the K, "
+        "or none, that maximises expected tokens/s from measured times); default: cost for prompt-lookup, "
+        "else fixed",
+        kind=str,
+        choices=("fixed", "adaptive", "cost"),
+    ),
+    Option(
+        "k_max",
+        "upper bound on K for adaptive and cost; eagle/medusa: the lookup branch's longest chain",
+        default=16,
+        low=1,
+        high=MAX_K,
+    ),
+    Option(
+        "confidence",
+        "draft models: stop drafting when the draft's top probability falls below this",
+        kind=float,
+        low=0.0,
+        high=1.0,
+        methods=DRAFT_MODELS,
+    ),
+    Option(
+        "max_ngram",
+        "prompt lookup (and eagle/medusa's lookup branch): longest n-gram to match",
+        default=3,
+        low=1,
+        high=MAX_K,
+        methods=("prompt-lookup", *HEADS),
+    ),
+    Option(
+        "min_ngram",
+        "prompt lookup (and eagle/medusa's lookup branch): shortest n-gram to match",
+        default=2,
+        low=1,
+        high=MAX_K,
+        methods=("prompt-lookup", *HEADS),
+    ),
+    Option(
+        "layers",
+        "self-spec: L (the first L layers), a list of layers to keep (0,1,5), or auto (calibrate); "
+        "default a quarter of the layers",
+        kind=str,
+        methods=("self-spec",),
+        parser=parse_layers,
+        validate=lambda value: _check_layers(value),
+    ),
     Option("window", "lookahead: Jacobi window width W", default=4, low=1, high=MAX_K, methods=("lookahead",)),
     Option("ngram", "lookahead: n-gram size N", default=3, low=2, high=16, methods=("lookahead",)),
-    Option("candidates", "lookahead: n-grams verified per pass G", default=4, low=1, high=MAX_K,
-           methods=("lookahead",)),
-    Option("head", "eagle/medusa: folder of a trained head (default: the one shipped for the embedded target)",
-           kind=str, methods=HEADS, sweeps=False),
-    Option("tree_top_k", "eagle/medusa: children per expanded node and nodes expanded per tree level",
-           default=4, low=1, high=MAX_K, methods=HEADS),
-    Option("tree_nodes", "eagle/medusa: draft tokens verified per pass (default: at most as many as a pass "
-           "takes for about the price of one token, measured: 4 on a CPU, up to 63 on a GPU; each step keeps "
-           "those worth their measured cost)", low=1, high=MAX_TREE_NODES,
-           methods=HEADS),
-    Option("tree", "eagle/medusa: dynamic (EAGLE-2: the most confident paths) or static (a fixed shape)",
-           kind=str, default="dynamic", choices=("dynamic", "static"), methods=HEADS),
-    Option("lookup", "eagle/medusa: add prompt lookup's copy of earlier text to the tree as a branch that "
-           "competes with the head's guesses for the verified rows (false: the head's guesses alone)", kind=bool,
-           default=True, methods=HEADS),
-    Option("full_vocab", "eagle/medusa: draft over the whole vocabulary, not the head's most frequent tokens",
-           kind=bool, default=False, methods=HEADS),
-    Option("backend", "auto (on a GPU: static for Llama, Mistral, Qwen2; on a CPU: llama.cpp for a GGUF target "
-           "when llama-cpp-python is installed and measured faster here, else native for Llama, Mistral, Qwen2; "
-           "else transformers), native, hf (transformers), llama.cpp (GGUF files on llama.cpp's kernels) or static "
-           "(fixed-shape passes, CUDA graphs on a GPU)", kind=str, default="auto",
-           choices=BACKENDS, model=True),
-    Option("precision", "fp32, bf16, int8 (per-channel weights) or int4 (groups of 32; a GGUF's own 4-bit "
-           "blocks) on the native backend; fp16 on the hf backend only; gguf: the GGUF file's own types (the "
-           "llama.cpp backend); default fp32 on a CPU, bf16 on a GPU (hf: the checkpoint's own dtype)", kind=str, choices=all_precisions(),
-           model=True),
-    Option("device", "auto (a CUDA GPU when present, else the CPU), cpu or cuda (cuda:N)", kind=str,
-           default="auto", model=True, validate=lambda value: check_device(value)),
-    Option("context", "llama.cpp backend: tokens its KV pool holds, shared by all sequences and allocated up "
-           "front (default: the model's context length, at most 4096); other backends allocate each "
-           "sequence's cache as it grows", low=1, model=True),
+    Option(
+        "candidates", "lookahead: n-grams verified per pass G", default=4, low=1, high=MAX_K, methods=("lookahead",)
+    ),
+    Option(
+        "head",
+        "eagle/medusa: folder of a trained head (default: the one shipped for the embedded target)",
+        kind=str,
+        methods=HEADS,
+        sweeps=False,
+    ),
+    Option(
+        "tree_top_k",
+        "eagle/medusa: children per expanded node and nodes expanded per tree level",
+        default=4,
+        low=1,
+        high=MAX_K,
+        methods=HEADS,
+    ),
+    Option(
+        "tree_nodes",
+        "eagle/medusa: draft tokens verified per pass (default: at most as many as a pass "
+        "takes for about the price of one token, measured: 4 on a CPU, up to 63 on a GPU; each step keeps "
+        "those worth their measured cost)",
+        low=1,
+        high=MAX_TREE_NODES,
+        methods=HEADS,
+    ),
+    Option(
+        "tree",
+        "eagle/medusa: dynamic (EAGLE-2: the most confident paths) or static (a fixed shape)",
+        kind=str,
+        default="dynamic",
+        choices=("dynamic", "static"),
+        methods=HEADS,
+    ),
+    Option(
+        "lookup",
+        "eagle/medusa: add prompt lookup's copy of earlier text to the tree as a branch that "
+        "competes with the head's guesses for the verified rows (false: the head's guesses alone)",
+        kind=bool,
+        default=True,
+        methods=HEADS,
+    ),
+    Option(
+        "full_vocab",
+        "eagle/medusa: draft over the whole vocabulary, not the head's most frequent tokens",
+        kind=bool,
+        default=False,
+        methods=HEADS,
+    ),
+    Option(
+        "backend",
+        "auto (on a GPU: static for Llama, Mistral, Qwen2; on a CPU: llama.cpp for a GGUF target "
+        "when llama-cpp-python is installed and measured faster here, else native for Llama, Mistral, Qwen2; "
+        "else transformers), native, hf (transformers), llama.cpp (GGUF files on llama.cpp's kernels) or static "
+        "(fixed-shape passes, CUDA graphs on a GPU)",
+        kind=str,
+        default="auto",
+        choices=BACKENDS,
+        model=True,
+    ),
+    Option(
+        "precision",
+        "fp32, bf16, int8 (per-channel weights) or int4 (groups of 32; a GGUF's own 4-bit "
+        "blocks) on the native backend; fp16 on the hf backend only; gguf: the GGUF file's own types (the "
+        "llama.cpp backend); default fp32 on a CPU, bf16 on a GPU (hf: the checkpoint's own dtype)",
+        kind=str,
+        choices=all_precisions(),
+        model=True,
+    ),
+    Option(
+        "device",
+        "auto (a CUDA GPU when present, else the CPU), cpu or cuda (cuda:N)",
+        kind=str,
+        default="auto",
+        model=True,
+        validate=lambda value: check_device(value),
+    ),
+    Option(
+        "context",
+        "llama.cpp backend: tokens its KV pool holds, shared by all sequences and allocated up "
+        "front (default: the model's context length, at most 4096); other backends allocate each "
+        "sequence's cache as it grows",
+        low=1,
+        model=True,
+    ),
 )
 OPTION = {option.name: option for option in OPTIONS}
 MODEL_OPTIONS = tuple(o.name for o in OPTIONS if o.model)

@@ -12,8 +12,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from quickdraft.analysis import predicted_speedup  # noqa: E402
 
 
-def plot_speedup_vs_k(path: Path, alphas: list[float], cost_ratio: float, verify_ratio: float = 1.0,
-                      k_max: int = 16) -> Path:
+def plot_speedup_vs_k(
+    path: Path, alphas: list[float], cost_ratio: float, verify_ratio: float = 1.0, k_max: int = 16
+) -> Path:
     """Predicted speedup against K, one curve per acceptance rate, best K marked."""
     figure, axes = plt.subplots(figsize=(7, 4.5))
     ks = list(range(1, k_max + 1))
@@ -23,8 +24,11 @@ def plot_speedup_vs_k(path: Path, alphas: list[float], cost_ratio: float, verify
         line = axes.plot(ks, speedups, marker="o", markersize=3, label=f"alpha = {alpha:.2f}")[0]
         axes.plot([ks[best]], [speedups[best]], marker="*", markersize=12, color=line.get_color())
     axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    axes.set(xlabel="draft tokens per step K", ylabel="predicted speedup over plain decoding",
-             title=f"Speedup vs K (cost ratio c = {cost_ratio}, verify ratio {verify_ratio}); * = best K")
+    axes.set(
+        xlabel="draft tokens per step K",
+        ylabel="predicted speedup over plain decoding",
+        title=f"Speedup vs K (cost ratio c = {cost_ratio}, verify ratio {verify_ratio}); * = best K",
+    )
     axes.legend()
     return _save(figure, path)
 
@@ -34,14 +38,19 @@ def plot_acceptance_by_position(path: Path, rates: dict[str, list[float]]) -> Pa
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for name, values in rates.items():
         axes.plot(range(1, len(values) + 1), values, marker="o", label=name)
-    axes.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1),
-             title="Acceptance by draft position (drafted there and accepted)")
+    axes.set(
+        xlabel="draft position",
+        ylabel="acceptance rate",
+        ylim=(0, 1),
+        title="Acceptance by draft position (drafted there and accepted)",
+    )
     axes.legend(fontsize=8)
     return _save(figure, path)
 
 
-def plot_grouped_bars(path: Path, table: dict[str, dict[str, float]], ylabel: str, title: str,
-                      reference: float | None = None) -> Path:
+def plot_grouped_bars(
+    path: Path, table: dict[str, dict[str, float]], ylabel: str, title: str, reference: float | None = None
+) -> Path:
     """Grouped bars: one bar per series (e.g. method) in each cluster (e.g. task group)."""
     figure, axes = plt.subplots(figsize=(10, 4.5))
     groups = list(next(iter(table.values())))
@@ -58,8 +67,9 @@ def plot_grouped_bars(path: Path, table: dict[str, dict[str, float]], ylabel: st
     return _save(figure, path)
 
 
-def plot_tokens_per_second_vs_k(path: Path, points: dict[str, list[tuple[float, float]]],
-                                baseline: float | None = None) -> Path:
+def plot_tokens_per_second_vs_k(
+    path: Path, points: dict[str, list[tuple[float, float]]], baseline: float | None = None
+) -> Path:
     """Tokens/s against the K setting (draft tokens per step; the cap for dynamic K), one line per method."""
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for name, values in points.items():
@@ -67,8 +77,11 @@ def plot_tokens_per_second_vs_k(path: Path, points: dict[str, list[tuple[float, 
         axes.plot([k for k, _ in values], [speed for _, speed in values], marker="o", label=name)
     if baseline is not None:
         axes.axhline(baseline, color="grey", linewidth=0.8, linestyle="--", label="plain decoding")
-    axes.set(xlabel="K (draft tokens per step; the cap when K is dynamic)", ylabel="tokens / s",
-             title="Tokens per second vs K")
+    axes.set(
+        xlabel="K (draft tokens per step; the cap when K is dynamic)",
+        ylabel="tokens / s",
+        title="Tokens per second vs K",
+    )
     axes.legend(fontsize=8)
     return _save(figure, path)
 

@@ -18,13 +18,18 @@ SAMPLING_SETTINGS: tuple[Option, ...] = (
     Option("max_new_tokens", "new tokens at most", default=128, low=1),
     Option("temperature", "0 is greedy", kind=float, default=0.0, low=0.0, open_ends=(False, False)),
     Option("top_k", "sample from the k most likely tokens only (default: all)", low=1),
-    Option("top_p", "sample from the most likely tokens whose probabilities add up to p (default: all)",
-           kind=float, low=0.0, high=1.0, open_ends=(True, False)),
+    Option(
+        "top_p",
+        "sample from the most likely tokens whose probabilities add up to p (default: all)",
+        kind=float,
+        low=0.0,
+        high=1.0,
+        open_ends=(True, False),
+    ),
     Option("seed", "seed of the sampler's random numbers", default=0, low=SEED_RANGE[0], high=SEED_RANGE[1]),
     Option("stop", "stop string (repeatable)", kind=str, repeat=True),
     Option("chat", "apply the chat template (default: when the model has one)", kind=bool),
-    Option("logprobs", "each new token's log-probability, with this many alternatives", low=0,
-           high=MAX_TOP_LOGPROBS),
+    Option("logprobs", "each new token's log-probability, with this many alternatives", low=0, high=MAX_TOP_LOGPROBS),
 )
 SAMPLING = {option.name: option for option in SAMPLING_SETTINGS}
 

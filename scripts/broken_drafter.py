@@ -17,8 +17,12 @@ import pytest
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--broken-drafter", choices=("nothing", "wrong"), default=None,
-                     help="break every drafter's proposals: propose nothing, or propose wrong tokens")
+    parser.addoption(
+        "--broken-drafter",
+        choices=("nothing", "wrong"),
+        default=None,
+        help="break every drafter's proposals: propose nothing, or propose wrong tokens",
+    )
 
 
 def shifted(tokens: list[int], parents: list[int] | None, vocab: int) -> list[int]:
@@ -29,8 +33,10 @@ def shifted(tokens: list[int], parents: list[int] | None, vocab: int) -> list[in
     siblings: dict[int, set[int]] = {}
     for token, parent in zip(tokens, parents):
         siblings.setdefault(parent, set()).add(token)
-    offset = {parent: next((d for d in range(1, vocab) if not {(t + d) % vocab for t in group} & group), 1)
-              for parent, group in siblings.items()}
+    offset = {
+        parent: next((d for d in range(1, vocab) if not {(t + d) % vocab for t in group} & group), 1)
+        for parent, group in siblings.items()
+    }
     return [(token + offset[parent]) % vocab for token, parent in zip(tokens, parents)]
 
 
@@ -39,8 +45,14 @@ def broken(draft, mode: str, vocab: int):
 
     if mode == "nothing":
         return Draft()
-    return Draft(shifted(draft.tokens, draft.parents, vocab), None, draft.parents,
-                 draft.aux_tokens, draft.aux_offsets, draft.aux_mask)
+    return Draft(
+        shifted(draft.tokens, draft.parents, vocab),
+        None,
+        draft.parents,
+        draft.aux_tokens,
+        draft.aux_offsets,
+        draft.aux_mask,
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

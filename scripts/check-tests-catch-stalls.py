@@ -50,17 +50,35 @@ def selection(mode: str, extra: list[str]) -> tuple[str, list[str]]:
     if "-m" not in extra:
         return MODES[mode], extra
     at = extra.index("-m")
-    return f"{MODES[mode]} and ({extra[at + 1]})", extra[:at] + extra[at + 2:]
+    return f"{MODES[mode]} and ({extra[at + 1]})", extra[:at] + extra[at + 2 :]
 
 
 def run(mode: str, extra: list[str], folder: Path) -> tuple[dict[str, str], float]:
     marks, extra = selection(mode, extra)
     junit = folder / f"{mode}.xml"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT / "scripts"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    command = [sys.executable, "-m", "pytest", "-p", "broken_drafter", f"--broken-drafter={mode}",
-               "-m", marks, "-q", "--no-header", "-p", "no:cacheprovider", "--tb=no", "-o",
-               "console_output_style=classic", f"--junitxml={junit}", *extra]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT / "scripts"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "broken_drafter",
+        f"--broken-drafter={mode}",
+        "-m",
+        marks,
+        "-q",
+        "--no-header",
+        "-p",
+        "no:cacheprovider",
+        "--tb=no",
+        "-o",
+        "console_output_style=classic",
+        f"--junitxml={junit}",
+        *extra,
+    ]
     print(f"== drafter proposing {mode}: pytest -m '{marks}' {' '.join(extra)}", flush=True)
     start = time.perf_counter()
     subprocess.run(command, cwd=ROOT, env=env, check=False)
@@ -76,13 +94,17 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for mode in MODES:
             results, elapsed = run(mode, extra, Path(tmp))
-            counts = {state: sum(r[0] == state for r in results.values()) for state in
-                      ("failed", "passed", "error", "skipped")}
+            counts = {
+                state: sum(r[0] == state for r in results.values())
+                for state in ("failed", "passed", "error", "skipped")
+            }
             caught = sum(state == "failed" and SPECULATION_CHECK in message for state, message in results.values())
-            print(f"-- {mode}: {len(results)} tests in {elapsed:.0f} s: " +
-                  ", ".join(f"{n} {state}" for state, n in counts.items()) +
-                  f" ({caught} failed by the speculation check, {counts['failed'] - caught} by another assertion)",
-                  flush=True)
+            print(
+                f"-- {mode}: {len(results)} tests in {elapsed:.0f} s: "
+                + ", ".join(f"{n} {state}" for state, n in counts.items())
+                + f" ({caught} failed by the speculation check, {counts['failed'] - caught} by another assertion)",
+                flush=True,
+            )
             for test_id, (state, message) in sorted(results.items()):
                 if state == "failed" and SPECULATION_CHECK not in message:
                     print(f"   {test_id}: {message.splitlines()[0] if message else ''}"[:200])

@@ -29,14 +29,27 @@ def open_browser(width: int = 1400, height: int = 1000):
 
     options = webdriver.ChromeOptions()
     options.binary_location = next(shutil.which(name) for name in BROWSERS if shutil.which(name))
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 f"--window-size={width},{height}"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--window-size={width},{height}",
+    ):
         options.add_argument(flag)
     return webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
 
 
-def decode_on_page(driver, url: str, prompt: str, method: str, max_tokens: int, race: bool = False,
-                   k: int | None = None, timeout: float = 300) -> None:
+def decode_on_page(
+    driver,
+    url: str,
+    prompt: str,
+    method: str,
+    max_tokens: int,
+    race: bool = False,
+    k: int | None = None,
+    timeout: float = 300,
+) -> None:
     """Open the page, fill the controls, start (or race) and wait until the status says done."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -44,12 +57,20 @@ def decode_on_page(driver, url: str, prompt: str, method: str, max_tokens: int, 
     driver.get(url + "/")
     wait = WebDriverWait(driver, timeout)
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#method option")) > 0)
-    for field, value in (("prompt", prompt), ("max-tokens", str(max_tokens)), ("temperature", "0"),
-                         ("k", "" if k is None else str(k))):
+    for field, value in (
+        ("prompt", prompt),
+        ("max-tokens", str(max_tokens)),
+        ("temperature", "0"),
+        ("k", "" if k is None else str(k)),
+    ):
         element = driver.find_element(By.ID, field)
         element.clear()
         element.send_keys(value)
     Select(driver.find_element(By.ID, "method")).select_by_value(method)
     driver.find_element(By.ID, "race" if race else "start").click()
-    wait.until(lambda d: d.find_element(By.ID, "status").text.startswith(("done", "error"))
-               or "error" in d.find_element(By.ID, "status").get_attribute("class"))
+    wait.until(
+        lambda d: (
+            d.find_element(By.ID, "status").text.startswith(("done", "error"))
+            or "error" in d.find_element(By.ID, "status").get_attribute("class")
+        )
+    )

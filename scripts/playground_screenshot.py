@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import quickdraft
 from playground_browser import decode_on_page, missing, open_browser
+
+import quickdraft
 from quickdraft.serve import create_app
 from quickdraft.serve.background import BackgroundServer
 

@@ -16,7 +16,6 @@ from quickdraft.backends.llama_cpp import llama_cpp_installed
 from quickdraft.models import LoadedModel, default_gguf_path
 from quickdraft.models.random_gguf import GgufShape, quantize_gguf, random_gguf
 
-
 SUITE_CACHE = pytest.StashKey[tuple]()  # the run's cache folder, and XDG_CACHE_HOME before it
 
 
@@ -40,8 +39,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             os.environ["XDG_CACHE_HOME"] = before
 
 
-def tiny_llama(seed: int, vocab: int = 32, layers: int = 2, hidden: int = 32, max_positions: int = 256,
-               init_range: float = 0.3) -> LlamaForCausalLM:
+def tiny_llama(
+    seed: int, vocab: int = 32, layers: int = 2, hidden: int = 32, max_positions: int = 256, init_range: float = 0.3
+) -> LlamaForCausalLM:
     """A small Llama with weights wide enough that its next-token distributions are not flat."""
     config = LlamaConfig(
         vocab_size=vocab,
@@ -78,8 +78,12 @@ def loaded(model: LlamaForCausalLM, name: str) -> LoadedModel:
 
 # The device-independent tests run on every device this machine has: the CPU always, CUDA where
 # present (skipped elsewhere, with the reason in the report).
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                 reason="no CUDA device on this machine"))]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+    ),
+]
 
 
 @pytest.fixture(scope="session")
@@ -122,8 +126,9 @@ def random_ggufs(tmp_path_factory) -> dict[tuple[str, str], Path]:
         like = real_gguf(arch, folder)
         if like is None:
             continue
-        base = made[arch, "F32"] = random_gguf(like, folder / f"{arch}-F32.gguf", shape, seed=seed,
-                                                vocab=8192 if arch == "gemma3" else None)
+        base = made[arch, "F32"] = random_gguf(
+            like, folder / f"{arch}-F32.gguf", shape, seed=seed, vocab=8192 if arch == "gemma3" else None
+        )
         for kind in RANDOM_TYPES if llama_cpp_installed() else []:
             made[arch, kind] = quantize_gguf(base, folder / f"{arch}-{kind}.gguf", kind)
     return made

@@ -25,8 +25,17 @@ def eagle1_head(target: LoadedModel, folder: Path) -> Path:
     embed, lm_head = target.model.get_input_embeddings().weight, target.model.get_output_embeddings().weight
     config = EagleConfig.from_target(target.model.config)
     head = EagleHead(config, embed.detach(), lm_head.detach(), torch.arange(lm_head.shape[0]))
-    return _save(head, folder, {"kind": "eagle", "target": target.name, "layer": config.to_dict(),
-                                "vocab": lm_head.shape[0], "hidden": lm_head.shape[1]})
+    return _save(
+        head,
+        folder,
+        {
+            "kind": "eagle",
+            "target": target.name,
+            "layer": config.to_dict(),
+            "vocab": lm_head.shape[0],
+            "hidden": lm_head.shape[1],
+        },
+    )
 
 
 def medusa_heads(target: LoadedModel, folder: Path, heads: int = 3) -> Path:
@@ -34,8 +43,17 @@ def medusa_heads(target: LoadedModel, folder: Path, heads: int = 3) -> Path:
     torch.manual_seed(0)  # test-only: the heads' random weights
     lm_head = target.model.get_output_embeddings().weight.detach()
     head = MedusaHeads(lm_head, heads)
-    return _save(head, folder, {"kind": "medusa", "target": target.name, "heads": heads,
-                                "vocab": lm_head.shape[0], "hidden": lm_head.shape[1]})
+    return _save(
+        head,
+        folder,
+        {
+            "kind": "medusa",
+            "target": target.name,
+            "heads": heads,
+            "vocab": lm_head.shape[0],
+            "hidden": lm_head.shape[1],
+        },
+    )
 
 
 def target_backend(model: torch.nn.Module):

@@ -29,10 +29,16 @@ class Seq:
     def reset(self) -> None:
         self.cache = self.backend.new_cache()
 
-    def forward(self, tokens: list[int], all_logits: bool = True, positions: list[int] | None = None,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
-        out = self.backend.forward([SeqPass(self.cache, tokens, positions, mask, "all" if all_logits else "last",
-                                            hidden=True)])[0]
+    def forward(
+        self,
+        tokens: list[int],
+        all_logits: bool = True,
+        positions: list[int] | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        out = self.backend.forward(
+            [SeqPass(self.cache, tokens, positions, mask, "all" if all_logits else "last", hidden=True)]
+        )[0]
         self.hidden = out.hidden
         return out.logits
 
@@ -43,8 +49,9 @@ class Seq:
         self.cache.keep(indices)
 
 
-def native(model, precision: str = "fp32", layers: list[int] | None = None, weights: NativeWeights | None = None,
-           **options) -> Seq:
+def native(
+    model, precision: str = "fp32", layers: list[int] | None = None, weights: NativeWeights | None = None, **options
+) -> Seq:
     """A sequence on the native backend over `model` (or over shared `weights`)."""
     weights = weights if weights is not None else NativeWeights.from_model(model, precision, **options)
     return Seq(NativeBackend(weights, "test", layers=layers))

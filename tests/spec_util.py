@@ -31,7 +31,9 @@ REAL_VOCAB_TREE_RATE = 0.2
 
 def real_vocab_rate(method: str) -> float:
     """The least share of accepting passes for `method` over a real vocabulary."""
-    return REAL_VOCAB_TREE_RATE if method.split(":")[0] in ("lookahead", "medusa", "eagle", "eagle3") else REAL_VOCAB_RATE
+    return (
+        REAL_VOCAB_TREE_RATE if method.split(":")[0] in ("lookahead", "medusa", "eagle", "eagle3") else REAL_VOCAB_RATE
+    )
 
 
 @dataclass
@@ -52,9 +54,13 @@ class Speculation:
 def speculation(outputs: Iterable) -> Speculation:
     """Totals over GenerationOutputs, Generations or Stats."""
     stats = [out if isinstance(out, Stats) else out.stats for out in outputs]
-    return Speculation(len(stats), sum(s.drafted_tokens for s in stats), sum(s.accepted_tokens for s in stats),
-                       sum(s.drafted_by_position[0] for s in stats if s.drafted_by_position),
-                       sum(s.accepted_by_position[0] for s in stats if s.accepted_by_position))
+    return Speculation(
+        len(stats),
+        sum(s.drafted_tokens for s in stats),
+        sum(s.accepted_tokens for s in stats),
+        sum(s.drafted_by_position[0] for s in stats if s.drafted_by_position),
+        sum(s.accepted_by_position[0] for s in stats if s.accepted_by_position),
+    )
 
 
 def speculated(outputs: Iterable, min_rate: float = CHAIN_RATE) -> bool:
@@ -73,5 +79,7 @@ def assert_speculated(outputs: Iterable, min_rate: float = CHAIN_RATE, label: ob
     check = f"[speculation check] over {s.outputs} outputs{where}:"
     assert s.drafted > 0, f"{check} no draft tokens proposed: speculation never ran"
     assert s.accepted > 0, f"{check} none of {s.drafted} draft tokens accepted"
-    assert s.hit_rate >= min_rate, (f"{check} {s.hits} of {s.passes} passes with drafts accepted some "
-                                    f"({s.hit_rate:.0%}), below the {min_rate:.0%} this test's inputs give")
+    assert s.hit_rate >= min_rate, (
+        f"{check} {s.hits} of {s.passes} passes with drafts accepted some "
+        f"({s.hit_rate:.0%}), below the {min_rate:.0%} this test's inputs give"
+    )

@@ -18,8 +18,7 @@ from quickdraft.analysis import (
 
 
 @pytest.mark.parametrize(
-    "alpha, k, expected",
-    [(0.5, 4, 1.9375), (0.8, 1, 1.8), (0.0, 8, 1.0), (1.0, 4, 5.0), (0.9, 8, (1 - 0.9**9) / 0.1)],
+    "alpha, k, expected", [(0.5, 4, 1.9375), (0.8, 1, 1.8), (0.0, 8, 1.0), (1.0, 4, 5.0), (0.9, 8, (1 - 0.9**9) / 0.1)]
 )
 def test_expected_tokens_closed_form(alpha, k, expected):
     assert expected_tokens_per_pass(alpha, k) == pytest.approx(expected)

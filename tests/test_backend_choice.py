@@ -8,14 +8,7 @@ from dataclasses import asdict
 
 import pytest
 
-from quickdraft.backends.choice import (
-    BackendChoice,
-    Timings,
-    cached_backend_choice,
-    decide,
-    observe,
-    planned_verdict,
-)
+from quickdraft.backends.choice import BackendChoice, Timings, cached_backend_choice, decide, observe, planned_verdict
 from quickdraft.backends.llama_cpp import llama_cpp_installed
 from quickdraft.measured import read_choice, write_choice
 
@@ -25,8 +18,11 @@ QUIET_TRUE = Timings([12.0, 11.5, 12.2, 11.9, 12.4, 12.0, 11.8, 12.1, 12.3], [40
 
 def test_a_busy_moment_keeps_the_default_and_is_not_kept(tmp_path):
     # What a process beside us does: llama.cpp's waiting threads lose most, native looks faster.
-    busy = Timings([60.0, 75.0, 58.0, 90.0, 66.0, 70.0, 61.0, 80.0, 64.0], [40.0, 45.0, 42.0, 50.0, 39.0, 44.0,
-                                                                               41.0, 47.0, 43.0], cpu_share=0.45)
+    busy = Timings(
+        [60.0, 75.0, 58.0, 90.0, 66.0, 70.0, 61.0, 80.0, 64.0],
+        [40.0, 45.0, 42.0, 50.0, 39.0, 44.0, 41.0, 47.0, 43.0],
+        cpu_share=0.45,
+    )
     choice = decide(busy, "fp32")
     assert choice.llama_cpp and not choice.keep
     assert "busy" in choice.reason and "45%" in choice.reason
@@ -85,8 +81,9 @@ def test_the_decoder_uses_a_kept_verdict_says_why_and_drops_it_when_a_run_contra
     loaded = load_model(None)
     folder, signature = shapes_folder(tmp_path), choice_signature(loaded.gguf, "fp32")
     # Planted: native chosen from a record whose passes took 10 s (as only a very busy moment gives).
-    write_choice(folder, signature, asdict(BackendChoice(False, "native: planted", llama_cpp_ms=20000.0,
-                                                         native_ms=10000.0)))
+    write_choice(
+        folder, signature, asdict(BackendChoice(False, "native: planted", llama_cpp_ms=20000.0, native_ms=10000.0))
+    )
     decoder = Decoder(loaded, None, "none", cache_dir=tmp_path)
     assert decoder.backend_kind == "native" and "planted" in decoder.backend_reason
     decoder.generate("Name three colours.", max_new_tokens=12)

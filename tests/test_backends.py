@@ -6,21 +6,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import loaded, tiny_llama
+from seq_util import Seq, hf, native, static
+from spec_util import assert_speculated
 
 from quickdraft import Decoder
 from quickdraft.backends.backend import PassOutput, SeqPass, causal_mask, check_passes, logit_rows
 from quickdraft.backends.hf import HFBackend
 from quickdraft.backends.kv_cache import KVCache
 from quickdraft.backends.native import NativeBackend
+from quickdraft.draft_length import make_draft_length
 from quickdraft.drafters import PromptLookupDrafter
 from quickdraft.engine import Generation, prefill, step
-from quickdraft.draft_length import make_draft_length
 from quickdraft.models.native_weights import NativeWeights
 from quickdraft.sampling import SamplingParams
-
-from conftest import loaded, tiny_llama
-from seq_util import Seq, hf, native, static
-from spec_util import assert_speculated
 
 
 @pytest.mark.parametrize("make", [hf, native, static], ids=["hf", "native", "static"])
@@ -104,9 +103,13 @@ def test_a_batched_pass_equals_each_sequence_alone():
     for seq, prompt in zip(alone + batched, prompts + prompts):
         seq.forward(prompt)
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # root, two children
-    passes = [dict(tokens=[3]), dict(tokens=[4, 5, 6, 7]),
-              dict(tokens=[1, 2, 3], positions=[9, 10, 10], mask=torch.cat([torch.ones(3, 9, dtype=torch.bool),
-                                                                             tree], dim=1))]
+    passes = [
+        dict(tokens=[3]),
+        dict(tokens=[4, 5, 6, 7]),
+        dict(
+            tokens=[1, 2, 3], positions=[9, 10, 10], mask=torch.cat([torch.ones(3, 9, dtype=torch.bool), tree], dim=1)
+        ),
+    ]
     expected = [seq.forward(**p) for seq, p in zip(alone, passes)]
     got = backend.forward([SeqPass(seq.cache, **p) for seq, p in zip(batched, passes)])
     for e, g in zip(expected, got):
@@ -124,14 +127,17 @@ def test_a_batched_pass_equals_each_sequence_alone():
 
 @pytest.mark.speculation
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
-def test_two_sequences_of_different_methods_and_lengths_in_one_step_equal_each_alone(tiny_target, tiny_draft,
-                                                                                     precision):
+def test_two_sequences_of_different_methods_and_lengths_in_one_step_equal_each_alone(
+    tiny_target, tiny_draft, precision
+):
     """Below fp32 every row is computed on its own, so equality is exact by construction."""
     target = loaded(tiny_target, "t")
     draft = loaded(tiny_draft, "d")
-    decoders = [Decoder(target, draft, "draft", 3, precision=precision),
-                Decoder(target, draft, "lookahead", 2, precision=precision),
-                Decoder(target, draft, "self-spec", 2, layers=1, precision=precision)]
+    decoders = [
+        Decoder(target, draft, "draft", 3, precision=precision),
+        Decoder(target, draft, "lookahead", 2, precision=precision),
+        Decoder(target, draft, "self-spec", 2, layers=1, precision=precision),
+    ]
     prompts, lengths = [[1, 2, 3, 4, 5, 6, 7], [9, 9, 2], [5, 1, 5, 1, 5]], [30, 17, 23]
     together = [d.prepare(p, n) for d, p, n in zip(decoders, prompts, lengths)]
     assert decoders[0].target_backend is decoders[1].target_backend  # one backend: one batched pass
@@ -158,7 +164,7 @@ class ToyBackend:
             return len(self.tokens)
 
         def truncate(self, length: int) -> None:
-            del self.tokens[max(0, length):]
+            del self.tokens[max(0, length) :]
 
         def keep(self, indices: list[int]) -> None:
             self.tokens = [self.tokens[i] for i in indices]
@@ -179,15 +185,25 @@ class ToyBackend:
         for p in passes:
             p.cache.tokens.extend(p.tokens)
             rows = self.table[torch.tensor(p.tokens)]  # [n, V]: a bigram model ignores positions and masks
-            outputs.append(PassOutput(None if p.logits == "none" else logit_rows(rows, p.logits),
-                                      torch.zeros(len(p.tokens), 4) if p.hidden else None))
+            outputs.append(
+                PassOutput(
+                    None if p.logits == "none" else logit_rows(rows, p.logits),
+                    torch.zeros(len(p.tokens), 4) if p.hidden else None,
+                )
+            )
         return outputs
 
 
 def run_alone(backend, prompt: list[int], n: int, k: int, temperature: float = 0.0, seed: int = 0) -> Generation:
-    generation = Generation(backend, PromptLookupDrafter(2, 1), prompt, draft_length=make_draft_length("fixed", k),
-                            max_new_tokens=n, sampling=SamplingParams(temperature), generator=torch.Generator()
-                            .manual_seed(seed))
+    generation = Generation(
+        backend,
+        PromptLookupDrafter(2, 1),
+        prompt,
+        draft_length=make_draft_length("fixed", k),
+        max_new_tokens=n,
+        sampling=SamplingParams(temperature),
+        generator=torch.Generator().manual_seed(seed),
+    )
     prefill([generation])
     while not generation.done:
         step([generation])
@@ -208,9 +224,18 @@ def test_a_toy_backend_built_from_the_protocol_alone_runs_the_engine():
     assert spec.new_tokens == plain  # speculation over the toy backend is exact too
     assert_speculated([spec])
     # Two toy sequences in one step equal each alone, sampled with their own seeds.
-    generations = [Generation(backend, PromptLookupDrafter(2, 1), p, draft_length=make_draft_length("fixed", 3),
-                              max_new_tokens=15, sampling=SamplingParams(1.0),
-                              generator=torch.Generator().manual_seed(s)) for s, p in enumerate([prompt, [4, 5, 4]])]
+    generations = [
+        Generation(
+            backend,
+            PromptLookupDrafter(2, 1),
+            p,
+            draft_length=make_draft_length("fixed", 3),
+            max_new_tokens=15,
+            sampling=SamplingParams(1.0),
+            generator=torch.Generator().manual_seed(s),
+        )
+        for s, p in enumerate([prompt, [4, 5, 4]])
+    ]
     prefill(generations)
     while any(not g.done for g in generations):
         step([g for g in generations if not g.done])
@@ -219,8 +244,10 @@ def test_a_toy_backend_built_from_the_protocol_alone_runs_the_engine():
 
 
 def test_causal_mask_and_logit_rows():
-    assert causal_mask(2, 3, torch.device("cpu")).tolist() == [[True, True, True, False, False],
-                                                               [True, True, True, True, False],
-                                                               [True, True, True, True, True]]
+    assert causal_mask(2, 3, torch.device("cpu")).tolist() == [
+        [True, True, True, False, False],
+        [True, True, True, True, False],
+        [True, True, True, True, True],
+    ]
     rows = torch.arange(6).view(3, 2)
     assert logit_rows(rows, "last").tolist() == [[4, 5]] and logit_rows(rows, "none").shape == (0, 2)

@@ -45,8 +45,9 @@ def test_report_has_a_table_per_category_json_and_three_plots(decoder, tmp_path)
     assert all(not s.mismatches for s in overall.values())  # every method and transformers are exact
     assert all(len(p.runs[name]) == 2 for p in result.prompts for name in names)
 
-    paths = write_report(tmp_path, result, summaries, {"target": "tiny", "precision": "fp32", "backend": "auto",
-                                                        "prompts": "test ids"})
+    paths = write_report(
+        tmp_path, result, summaries, {"target": "tiny", "precision": "fp32", "backend": "auto", "prompts": "test ids"}
+    )
     report = paths["report"].read_text()
     for heading in ("## overall", "## qa", "## rag", "## Equality check (greedy)"):
         assert heading in report
@@ -67,26 +68,32 @@ def test_equality_check_catches_a_broken_method(decoder, tmp_path):
     assert summaries[OVERALL]["broken"].mismatches == [1, 2]
     assert summaries["rag"]["broken"].mismatches == [2]
     assert summaries[OVERALL]["prompt-lookup"].mismatches == []
-    report = write_report(tmp_path, result, summaries, {"target": "tiny", "precision": "fp32", "backend": "auto",
-                                                         "prompts": "ids"})["report"].read_text()
+    report = write_report(
+        tmp_path, result, summaries, {"target": "tiny", "precision": "fp32", "backend": "auto", "prompts": "ids"}
+    )["report"].read_text()
     assert "**quickdraft methods whose tokens differ from their reference:** broken: prompts [1, 2]" in report
     assert "| broken |" in report and "2/2 |" in report
 
 
 def test_methods_at_another_precision_are_checked_against_plain_decoding_at_it(decoder, tmp_path):
-    contenders = method_contenders(decoder, ["prompt-lookup:precision=int4", "none:precision=int8",
-                                             "prompt-lookup:precision=int8"])
+    contenders = method_contenders(
+        decoder, ["prompt-lookup:precision=int4", "none:precision=int8", "prompt-lookup:precision=int8"]
+    )
     references = {c.name: c.reference for c in contenders}
-    assert references == {"none": "none", "none:precision=int4,backend=native": "none:precision=int4,backend=native",
-                          "prompt-lookup:precision=int4": "none:precision=int4,backend=native",
-                          "none:precision=int8": "none:precision=int8",
-                          "prompt-lookup:precision=int8": "none:precision=int8"}
+    assert references == {
+        "none": "none",
+        "none:precision=int4,backend=native": "none:precision=int4,backend=native",
+        "prompt-lookup:precision=int4": "none:precision=int4,backend=native",
+        "none:precision=int8": "none:precision=int8",
+        "prompt-lookup:precision=int8": "none:precision=int8",
+    }
     result = run_bench(PROMPTS, contenders, BenchSettings(max_new_tokens=16), progress=False)
     summaries = summarise_all(result)
     assert all(not s.mismatches for s in summaries[OVERALL].values())
     # int4 plain decoding differs from fp32 (the baseline) but is its own precision's reference.
-    report = write_report(tmp_path, result, summaries, {"target": "tiny", "precision": "fp32", "backend": "auto",
-                                                         "prompts": "ids"})["report"].read_text()
+    report = write_report(
+        tmp_path, result, summaries, {"target": "tiny", "precision": "fp32", "backend": "auto", "prompts": "ids"}
+    )["report"].read_text()
     assert "| 0/2 vs none:precision=int4,backend=native |" in report
 
 
@@ -98,7 +105,9 @@ def test_sampled_runs_skip_the_equality_check(decoder):
 
 def test_specs_expand_and_bad_ones_are_refused(decoder):
     assert [name for name, _, _ in parse_spec("prompt-lookup:k=2/8,max_ngram=4")] == [
-        "prompt-lookup:k=2,max_ngram=4", "prompt-lookup:k=8,max_ngram=4"]
+        "prompt-lookup:k=2,max_ngram=4",
+        "prompt-lookup:k=8,max_ngram=4",
+    ]
     assert parse_spec("self-spec:layers=0+1+3")[0][2] == {"layers": (0, 1, 3)}
     with pytest.raises(QuickdraftError, match="unknown method"):
         parse_spec("telepathy")
@@ -121,13 +130,19 @@ def test_all_leaves_out_the_draft_method_without_a_draft_model(tiny_target):
 
 def test_prompts_from_spec_bench_style_jsonl(tmp_path):
     path = tmp_path / "q.jsonl"
-    rows = [{"question_id": 1, "category": "writing", "turns": ["a", "b"]},
-            {"question_id": 2, "category": "coding", "turns": ["c"]},
-            {"question_id": 3, "category": "translation", "turns": ["d"]},
-            {"question_id": 4, "category": "translation", "turns": ["e"]}]
+    rows = [
+        {"question_id": 1, "category": "writing", "turns": ["a", "b"]},
+        {"question_id": 2, "category": "coding", "turns": ["c"]},
+        {"question_id": 3, "category": "translation", "turns": ["d"]},
+        {"question_id": 4, "category": "translation", "turns": ["e"]},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert [(p.category, p.text) for p in read_prompt_file(path)] == [
-        ("mt_bench", "a"), ("mt_bench", "c"), ("translation", "d"), ("translation", "e")]
+        ("mt_bench", "a"),
+        ("mt_bench", "c"),
+        ("translation", "d"),
+        ("translation", "e"),
+    ]
     picked = load_prompts(path, ["translation", "mt_bench"], per_category=1)
     assert [(p.category, p.text) for p in picked] == [("translation", "d"), ("mt_bench", "a")]
     with pytest.raises(QuickdraftError, match="unknown categories"):

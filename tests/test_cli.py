@@ -32,8 +32,10 @@ def test_analyze_writes_a_speedup_plot(tmp_path, capsys):
 
 
 def test_bench_bad_input_is_one_line_before_loading(capsys):
-    for argv, message in ((["--repeats", "0"], "repeats must be >= 1"),
-                          (["--per-category", "0"], "--per-category must be >= 1"),
-                          (["--temperature", "-1"], "temperature must be >= 0")):
+    for argv, message in (
+        (["--repeats", "0"], "repeats must be >= 1"),
+        (["--per-category", "0"], "--per-category must be >= 1"),
+        (["--temperature", "-1"], "temperature must be >= 0"),
+    ):
         assert main(["bench", *argv]) == 2
         assert message in capsys.readouterr().err

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_llama
+from spec_util import assert_speculated
+from stats_util import chi_square_p_value
+from test_engine import exact_joint, sampled_joint
 from tokenizers import Tokenizer, models
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -13,11 +17,6 @@ from quickdraft import Decoder
 from quickdraft.drafters.cross_vocab import CrossVocabDrafter, VocabMap, token_bytes
 from quickdraft.models.loading import LoadedModel
 from quickdraft.sampling import SamplingParams
-
-from conftest import tiny_llama
-from stats_util import chi_square_p_value
-from test_engine import exact_joint, sampled_joint
-from spec_util import assert_speculated
 
 # Two vocabularies over the letters a-d. Shared spellings: a b c d ab. Only the target has cd,
 # abcd and ba (the draft re-tokenises them); only the draft has bc and da (never drafted).
@@ -42,11 +41,15 @@ def pair():
     with torch.no_grad():
         for name, token in DRAFT_VOCAB.items():
             if name in TARGET_VOCAB:  # the same token: the target's rows, a little noise
-                for rows, source in ((draft.model.embed_tokens.weight, target.model.embed_tokens.weight),
-                                     (draft.lm_head.weight, target.lm_head.weight)):
+                for rows, source in (
+                    (draft.model.embed_tokens.weight, target.model.embed_tokens.weight),
+                    (draft.lm_head.weight, target.lm_head.weight),
+                ):
                     rows[token] = source[TARGET_VOCAB[name]] + 0.05 * torch.randn(rows.shape[1], generator=generator)
-    return (LoadedModel.of(target, bpe(TARGET_VOCAB, TARGET_MERGES), "target"),
-            LoadedModel.of(draft, bpe(DRAFT_VOCAB, DRAFT_MERGES), "draft"))
+    return (
+        LoadedModel.of(target, bpe(TARGET_VOCAB, TARGET_MERGES), "target"),
+        LoadedModel.of(draft, bpe(DRAFT_VOCAB, DRAFT_MERGES), "draft"),
+    )
 
 
 def test_tokens_are_matched_by_the_bytes_they_spell(pair):
@@ -80,8 +83,9 @@ def test_a_sentencepiece_style_tokenizer_spells_spaces_and_byte_pieces():
     vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}}
     for piece in [*letters, "He", "ll", "▁w"]:
         vocab[piece] = len(vocab)
-    model = Tokenizer(models.BPE(vocab=vocab, merges=[("H", "e"), ("l", "l"), ("▁", "w")], byte_fallback=True,
-                                 unk_token="<unk>"))
+    model = Tokenizer(
+        models.BPE(vocab=vocab, merges=[("H", "e"), ("l", "l"), ("▁", "w")], byte_fallback=True, unk_token="<unk>")
+    )
     model.normalizer = normalizers.Replace(" ", "▁")
     model.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=model, unk_token="<unk>")

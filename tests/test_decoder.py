@@ -1,12 +1,11 @@
 """The public API on tiny models: bad input gets a clear error and leaves the decoder usable."""
 
 import pytest
+from conftest import loaded, tiny_llama
 
 import quickdraft
 from quickdraft import Decoder, QuickdraftError
 from quickdraft.models.loading import LoadedModel, same_vocabulary
-
-from conftest import loaded, tiny_llama
 
 
 @pytest.fixture

@@ -3,22 +3,28 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 import pytest
+from conftest import loaded, perturbed_copy
+from spec_util import assert_speculated
 
 from quickdraft import Decoder, QuickdraftError
 from quickdraft.analysis import time_per_token
 from quickdraft.draft_length import AdaptiveK, CostModelK, FixedK, PassCosts, make_draft_length
 from quickdraft.stats import StepRecord
 
-from conftest import loaded, perturbed_copy
-from spec_util import assert_speculated
-
 PROMPTS = [[1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9]]
 
 
 def step(drafted: int, accepted: int, draft_time: float = 0.0, verify_time: float = 0.01) -> StepRecord:
-    return StepRecord(k=drafted, draft_tokens=[0] * drafted, accepted=accepted, next_token=0,
-                      bonus=accepted == drafted, emitted=[0] * (accepted + 1),
-                      draft_time=draft_time, verify_time=verify_time)
+    return StepRecord(
+        k=drafted,
+        draft_tokens=[0] * drafted,
+        accepted=accepted,
+        next_token=0,
+        bonus=accepted == drafted,
+        emitted=[0] * (accepted + 1),
+        draft_time=draft_time,
+        verify_time=verify_time,
+    )
 
 
 def test_adaptive_grows_after_full_accept_and_shrinks_after_rejection():
@@ -214,12 +220,15 @@ def test_unknown_policy_is_refused():
 
 
 @pytest.mark.speculation
-@pytest.mark.parametrize("options", [
-    {"draft_length": "adaptive", "k_max": 6},
-    {"draft_length": "cost", "k_max": 6},
-    {"confidence": 0.6},
-    {"draft_length": "adaptive", "k_max": 6, "confidence": 0.4},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"draft_length": "adaptive", "k_max": 6},
+        {"draft_length": "cost", "k_max": 6},
+        {"confidence": 0.6},
+        {"draft_length": "adaptive", "k_max": 6, "confidence": 0.4},
+    ],
+)
 def test_dynamic_draft_length_stays_lossless_and_in_bounds(tiny_target, tiny_draft, options):
     plain = Decoder(loaded(tiny_target, "t"), None, "none")
     spec = Decoder(loaded(tiny_target, "t"), loaded(tiny_draft, "d"), "draft", 3, **options)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import loaded, tiny_llama
+from spec_util import assert_speculated
 from transformers import LlamaForCausalLM
 
 from quickdraft import Decoder
-
-from conftest import loaded, tiny_llama
-from spec_util import assert_speculated
 
 
 def narrower_copy(model: LlamaForCausalLM, vocab: int) -> LlamaForCausalLM:

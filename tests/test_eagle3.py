@@ -7,9 +7,11 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import loaded
+from heads_util import target_backend
+from test_heads import IdTokenizer
 from transformers import Gemma3TextConfig, LlamaConfig
 
-from conftest import loaded
 from quickdraft import Decoder
 from quickdraft.backends.kv_cache import KVCache
 from quickdraft.errors import QuickdraftError
@@ -19,15 +21,14 @@ from quickdraft.heads.format import load_eagle
 from quickdraft.training.data import Example
 from quickdraft.training.features import encode_example, extract_features, load_features
 from quickdraft.training.loop import TrainSettings, training_vocabulary
-from quickdraft.training.train_precision import PRECISIONS
 from quickdraft.training.train_eagle3 import train_eagle3, unroll_mask, unrolled_states
+from quickdraft.training.train_precision import PRECISIONS
 from quickdraft.training.vocab import coverage, draft_vocabulary
-from heads_util import target_backend
-from test_heads import IdTokenizer
 
 H, V = 32, 50
-CONFIG = Eagle3Config(hidden=H, intermediate=64, heads=4, kv_heads=2, head_dim=8, rope_theta=10000.0, eps=1e-6,
-                      features=(0, 1, 2))
+CONFIG = Eagle3Config(
+    hidden=H, intermediate=64, heads=4, kv_heads=2, head_dim=8, rope_theta=10000.0, eps=1e-6, features=(0, 1, 2)
+)
 
 
 def tiny_head(seed: int = 0) -> Eagle3Head:
@@ -79,14 +80,16 @@ def test_unrolled_steps_equal_drafting_with_a_cache():
         for depth in range(1, steps):
             position = root + depth - 1
             mask = torch.ones(1, 1, cache.length + 1, dtype=torch.bool)
-            out = head(predicted[None, None], tokens[:, position : position + 1], torch.tensor([[position]]), mask,
-                       cache)
+            out = head(
+                predicted[None, None], tokens[:, position : position + 1], torch.tensor([[position]]), mask, cache
+            )
             cache.advance(1)
             predicted = out[0, 0]
             torch.testing.assert_close(predicted, states[depth][0, position], atol=1e-5, rtol=1e-5)
 
 
 # --- training and saving on a tiny target -----------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def fused(tiny_target, tmp_path_factory):
@@ -95,7 +98,9 @@ def fused(tiny_target, tmp_path_factory):
     text = "abcdefgh ijk " * 10
     sequences = [encode_example(IdTokenizer(), Example(text[:i], text[i:] + text[:i]), 256) for i in range(1, 41)]
     folder = tmp_path_factory.mktemp("fused")
-    shards = load_features(extract_features(target_backend(tiny_target), sequences, folder, progress=False, layers=config.features))
+    shards = load_features(
+        extract_features(target_backend(tiny_target), sequences, folder, progress=False, layers=config.features)
+    )
     assert shards[0]["hidden"].shape[1] == 3 * tiny_target.config.hidden_size
     return shards, config
 
@@ -103,12 +108,17 @@ def fused(tiny_target, tmp_path_factory):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_training_improves_held_out_top1_at_every_depth_and_saves(tiny_target, fused, tmp_path, precision):
     shards, config = fused
-    tables = (tiny_target.lm_head.weight.detach(), tiny_target.model.norm.weight.detach(),
-              tiny_target.model.embed_tokens.weight.detach())
-    fresh = train_eagle3(shards, *tables, config, tmp_path / "fresh", TrainSettings(steps=1, lr=0.0, unroll=3),
-                         "tiny", progress=False)
-    settings = TrainSettings(steps=80, sequences=4, window=64, lr=3e-3, unroll=3, eval_every=40, checkpoint_every=40,
-                             precision=precision)
+    tables = (
+        tiny_target.lm_head.weight.detach(),
+        tiny_target.model.norm.weight.detach(),
+        tiny_target.model.embed_tokens.weight.detach(),
+    )
+    fresh = train_eagle3(
+        shards, *tables, config, tmp_path / "fresh", TrainSettings(steps=1, lr=0.0, unroll=3), "tiny", progress=False
+    )
+    settings = TrainSettings(
+        steps=80, sequences=4, window=64, lr=3e-3, unroll=3, eval_every=40, checkpoint_every=40, precision=precision
+    )
     result = train_eagle3(shards, *tables, config, tmp_path / "eagle3", settings, "tiny", progress=False)
     assert result["settings"]["precision"] == precision
     assert len(result["held_out_top1"]) == 3  # one per unrolled step: depth 1, 2, 3 guesses
@@ -133,8 +143,11 @@ def test_training_improves_held_out_top1_at_every_depth_and_saves(tiny_target, f
 
 def test_auto_precision_is_measured_once_per_run_folder_and_recorded(tiny_target, fused, tmp_path):
     shards, config = fused
-    tables = (tiny_target.lm_head.weight.detach(), tiny_target.model.norm.weight.detach(),
-              tiny_target.model.embed_tokens.weight.detach())
+    tables = (
+        tiny_target.lm_head.weight.detach(),
+        tiny_target.model.norm.weight.detach(),
+        tiny_target.model.embed_tokens.weight.detach(),
+    )
     settings = TrainSettings(steps=2, sequences=2, window=32, unroll=2)  # precision "auto"
     result = train_eagle3(shards, *tables, config, tmp_path, settings, "tiny", progress=False)
     assert result["settings"]["precision"] in PRECISIONS
@@ -144,14 +157,18 @@ def test_auto_precision_is_measured_once_per_run_folder_and_recorded(tiny_target
     assert again["steps"] == 4 and again["settings"]["precision"] == result["settings"]["precision"]
     assert len(list(tmp_path.glob("*.json"))) == 2  # resumed with more steps: the measurement was reused
     with pytest.raises(ValueError, match="training precision"):
-        train_eagle3(shards, *tables, config, tmp_path / "bad", replace(settings, precision="fp16"), "tiny",
-                     progress=False)
+        train_eagle3(
+            shards, *tables, config, tmp_path / "bad", replace(settings, precision="fp16"), "tiny", progress=False
+        )
 
 
 def test_a_run_resumed_on_other_data_keeps_the_vocabulary_its_head_learned(tiny_target, fused, tmp_path):
     shards, config = fused
-    tables = (tiny_target.lm_head.weight.detach(), tiny_target.model.norm.weight.detach(),
-              tiny_target.model.embed_tokens.weight.detach())
+    tables = (
+        tiny_target.lm_head.weight.detach(),
+        tiny_target.model.norm.weight.detach(),
+        tiny_target.model.embed_tokens.weight.detach(),
+    )
     settings = TrainSettings(steps=2, sequences=2, window=32, unroll=2, vocab=6, precision="fp32")
     train_eagle3(shards, *tables, config, tmp_path, settings, "tiny", progress=False)
     first = load_eagle(tmp_path, tables[0], tables[2])
@@ -169,10 +186,20 @@ def test_a_run_resumed_on_other_data_keeps_the_vocabulary_its_head_learned(tiny_
 def test_training_on_a_gpu_learns_and_saves_a_head_that_loads_on_the_cpu(tiny_target, fused, tmp_path):
     # `quickdraft train --device cuda`: batches drawn on the CPU, the head trained on the GPU.
     shards, config = fused
-    tables = (tiny_target.lm_head.weight.detach(), tiny_target.model.norm.weight.detach(),
-              tiny_target.model.embed_tokens.weight.detach())
-    fresh = train_eagle3(shards, *tables, config, tmp_path / "fresh",
-                         TrainSettings(steps=1, lr=0.0, unroll=3, device="cuda"), "tiny", progress=False)
+    tables = (
+        tiny_target.lm_head.weight.detach(),
+        tiny_target.model.norm.weight.detach(),
+        tiny_target.model.embed_tokens.weight.detach(),
+    )
+    fresh = train_eagle3(
+        shards,
+        *tables,
+        config,
+        tmp_path / "fresh",
+        TrainSettings(steps=1, lr=0.0, unroll=3, device="cuda"),
+        "tiny",
+        progress=False,
+    )
     settings = TrainSettings(steps=80, sequences=4, window=64, lr=3e-3, unroll=3, device="cuda", precision="fp32")
     result = train_eagle3(shards, *tables, config, tmp_path / "gpu", settings, "tiny", progress=False)
     for before, after in zip(fresh["held_out_top1"], result["held_out_top1"]):
@@ -183,8 +210,11 @@ def test_training_on_a_gpu_learns_and_saves_a_head_that_loads_on_the_cpu(tiny_ta
 
 def test_eagle3_heads_are_refused_where_they_cannot_run(tiny_target, fused, tmp_path):
     shards, config = fused
-    tables = (tiny_target.lm_head.weight.detach(), tiny_target.model.norm.weight.detach(),
-              tiny_target.model.embed_tokens.weight.detach())
+    tables = (
+        tiny_target.lm_head.weight.detach(),
+        tiny_target.model.norm.weight.detach(),
+        tiny_target.model.embed_tokens.weight.detach(),
+    )
     train_eagle3(shards, *tables, config, tmp_path / "h", TrainSettings(steps=2, unroll=2), "t", progress=False)
     with pytest.raises(QuickdraftError, match="own LM head"):
         Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(tmp_path / "h"), full_vocab=True)

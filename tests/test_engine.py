@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import DEVICES, loaded, perturbed_copy, tiny_llama
+from faults import FaultyDrafter
+from spec_util import LOOPING, assert_speculated
+from stats_util import chi_square_p_value, sample_batched
 
 from quickdraft import Decoder
 from quickdraft.backends.backend import SeqPass
 from quickdraft.draft_length import FixedK
 from quickdraft.engine import Generation, prefill, step
 from quickdraft.sampling import SamplingParams, logits_to_probs
-
-from conftest import DEVICES, loaded, perturbed_copy, tiny_llama
-from faults import FaultyDrafter
-from spec_util import LOOPING, assert_speculated
-from stats_util import chi_square_p_value, sample_batched
 
 PROMPTS = [[1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [30, 4, 17, 30, 4], LOOPING]  # LOOPING: drafts get accepted
 
@@ -29,7 +28,7 @@ def make_decoder(target, draft, method: str, k: int | None = None, device: str =
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -156,8 +155,9 @@ def exact_joint(model, prompt: list[int], params: SamplingParams) -> torch.Tenso
 
 def sampled_joint(decoder: Decoder, prompt: list[int], params: SamplingParams, k: int) -> torch.Tensor:
     counts = torch.zeros(VOCAB, VOCAB)
-    outputs = sample_batched(decoder, prompt, RUNS, k + 1, temperature=params.temperature, top_k=params.top_k,
-                             top_p=params.top_p)
+    outputs = sample_batched(
+        decoder, prompt, RUNS, k + 1, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
+    )
     for out in outputs:
         counts[out.token_ids[0], out.token_ids[1]] += 1
     # Drafts were accepted, well above a drafter of wrong tokens (its chance acceptances: 3% or less).
@@ -204,14 +204,23 @@ def test_distribution_test_can_tell_draft_from_target(small_target, small_draft)
     assert 0.3 < out.stats.acceptance_rate < 0.95, "draft must be rejected sometimes for the test to bite"
 
 
-
 @pytest.mark.parametrize("stage", ["begin", "propose", "update"])
 @pytest.mark.parametrize("method", ["draft", "prompt-lookup"])
 def test_a_fault_in_one_sequence_ends_it_alone(tiny_target, tiny_draft, method, stage):
     decoder = make_decoder(tiny_target, tiny_draft, method, 3)
     faulty = FaultyDrafter(decoder.drafter, marked=PROMPTS[1][0], stage=stage)
-    gens = [Generation(decoder.target_backend, faulty, prompt, draft_length=FixedK(3), max_new_tokens=12,
-                       sampling=SamplingParams(), generator=torch.Generator()) for prompt in PROMPTS]
+    gens = [
+        Generation(
+            decoder.target_backend,
+            faulty,
+            prompt,
+            draft_length=FixedK(3),
+            max_new_tokens=12,
+            sampling=SamplingParams(),
+            generator=torch.Generator(),
+        )
+        for prompt in PROMPTS
+    ]
     prefill(gens)
     while live := [g for g in gens if not g.done]:
         records = step(live)
@@ -222,18 +231,25 @@ def test_a_fault_in_one_sequence_ends_it_alone(tiny_target, tiny_draft, method, 
         else:  # the others are untouched: the same tokens as decoding each alone
             assert g.error is None and g.new_tokens == decoder.generate(prompt, max_new_tokens=12).token_ids
     with pytest.raises(RuntimeError, match="injected fault"):  # alone, the fault is raised to the caller
-        alone = Generation(decoder.target_backend, faulty, PROMPTS[1], draft_length=FixedK(3), max_new_tokens=12,
-                           sampling=SamplingParams(), generator=torch.Generator())
+        alone = Generation(
+            decoder.target_backend,
+            faulty,
+            PROMPTS[1],
+            draft_length=FixedK(3),
+            max_new_tokens=12,
+            sampling=SamplingParams(),
+            generator=torch.Generator(),
+        )
         list(alone)
 
 
-@pytest.mark.parametrize("method, temperature", [("none", 0.0), ("draft", 0.0), ("prompt-lookup", 0.0),
-                                                 ("draft", 1.0)])
+@pytest.mark.parametrize("method, temperature", [("none", 0.0), ("draft", 0.0), ("prompt-lookup", 0.0), ("draft", 1.0)])
 def test_logprobs_are_the_targets_own(tiny_target, tiny_draft, method, temperature):
     """Each emitted token's log-probability is the target's (raw logits), whichever pass scored it."""
     prompt = PROMPTS[1]
-    out = make_decoder(tiny_target, tiny_draft, method, 3).generate(prompt, max_new_tokens=10, logprobs=3,
-                                                                   temperature=temperature, seed=1)
+    out = make_decoder(tiny_target, tiny_draft, method, 3).generate(
+        prompt, max_new_tokens=10, logprobs=3, temperature=temperature, seed=1
+    )
     with torch.no_grad():
         logits = tiny_target(torch.tensor([prompt + out.token_ids])).logits[0]  # [T, V]
     expected = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)  # [10, V]: the row before each new token

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import loaded, tiny_llama
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
-from conftest import loaded, tiny_llama
 from quickdraft.cli import main
 from quickdraft.drafters.drafter import DraftRequest
 from quickdraft.drafters.eagle import EagleDrafter
@@ -36,8 +36,9 @@ def target():
 def save_quickdraft_head(folder, head, extra: dict) -> None:
     """A head folder as `quickdraft train` writes it."""
     folder.mkdir(parents=True)
-    write_head(folder, head, {"kind": "eagle", "target": "t", **extra, "hidden": H, "vocab": V,
-                              "draft_vocab": len(head.vocab)})
+    write_head(
+        folder, head, {"kind": "eagle", "target": "t", **extra, "hidden": H, "vocab": V, "draft_vocab": len(head.vocab)}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +97,13 @@ def expected_layout(h: int, inter: int, heads: int, kv: int, d: int, draft: int,
     }
 
 
-STACKED = [(".q_proj", ".qkv_proj"), (".k_proj", ".qkv_proj"), (".v_proj", ".qkv_proj"),
-           (".gate_proj", ".gate_up_proj"), (".up_proj", ".gate_up_proj")]  # both loaders' stacked_params_mapping
+STACKED = [
+    (".q_proj", ".qkv_proj"),
+    (".k_proj", ".qkv_proj"),
+    (".v_proj", ".qkv_proj"),
+    (".gate_proj", ".gate_up_proj"),
+    (".up_proj", ".gate_up_proj"),
+]  # both loaders' stacked_params_mapping
 
 
 def vllm_name(name: str) -> str | None:
@@ -120,17 +126,31 @@ def sglang_name(name: str, params: set) -> str | None:
     return name if name in params else f"model.{name}"
 
 
-VLLM_PARAMS = {"model.fc.weight", "model.layers.0.self_attn.qkv_proj.weight", "model.layers.0.self_attn.o_proj.weight",
-               "model.layers.0.mlp.gate_up_proj.weight", "model.layers.0.mlp.down_proj.weight",
-               "model.layers.0.input_layernorm.weight", "model.layers.0.hidden_norm.weight",
-               "model.layers.0.post_attention_layernorm.weight", "model.norm.weight", "lm_head.weight",
-               "draft_id_to_target_id"}  # and model.embed_tokens.weight, shared from the target
-SGLANG_PARAMS = {"model.fc.weight", "model.midlayer.self_attn.qkv_proj.weight",
-                 "model.midlayer.self_attn.o_proj.weight",
-                 "model.midlayer.mlp.gate_up_proj.weight", "model.midlayer.mlp.down_proj.weight",
-                 "model.midlayer.input_layernorm.weight", "model.midlayer.hidden_norm.weight",
-                 "model.midlayer.post_attention_layernorm.weight", "model.norm.weight",
-                 "lm_head.weight"}  # and model.embed_tokens.weight, set from the target
+VLLM_PARAMS = {
+    "model.fc.weight",
+    "model.layers.0.self_attn.qkv_proj.weight",
+    "model.layers.0.self_attn.o_proj.weight",
+    "model.layers.0.mlp.gate_up_proj.weight",
+    "model.layers.0.mlp.down_proj.weight",
+    "model.layers.0.input_layernorm.weight",
+    "model.layers.0.hidden_norm.weight",
+    "model.layers.0.post_attention_layernorm.weight",
+    "model.norm.weight",
+    "lm_head.weight",
+    "draft_id_to_target_id",
+}  # and model.embed_tokens.weight, shared from the target
+SGLANG_PARAMS = {
+    "model.fc.weight",
+    "model.midlayer.self_attn.qkv_proj.weight",
+    "model.midlayer.self_attn.o_proj.weight",
+    "model.midlayer.mlp.gate_up_proj.weight",
+    "model.midlayer.mlp.down_proj.weight",
+    "model.midlayer.input_layernorm.weight",
+    "model.midlayer.hidden_norm.weight",
+    "model.midlayer.post_attention_layernorm.weight",
+    "model.norm.weight",
+    "lm_head.weight",
+}  # and model.embed_tokens.weight, set from the target
 
 
 @pytest.mark.parametrize("fmt", ["vllm", "sglang"])
@@ -177,15 +197,20 @@ def test_d2t_and_t2d_match_the_draft_vocabulary(head_folder, exported, fmt):
     assert (d2t >= 0).all() and (d2t[1:] >= d2t[:-1]).all()  # ascending ids: offsets never fall
 
 
-def engine_forward(tensors: dict, config: dict, embed: torch.Tensor, features: torch.Tensor,
-                   tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def engine_forward(
+    tensors: dict, config: dict, embed: torch.Tensor, features: torch.Tensor, tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The EAGLE-3 draft pass as vLLM and SGLang run it on an exported folder (their llama_eagle3.py
     forward, commits above): features [T, 3H], tokens [T] -> (pre-norm h [T, H] fed back, logits
     [T, V] over the target vocabulary, -inf outside the draft's). Written from their code, not
     quickdraft's, in float32."""
     w = {k: v.float() for k, v in tensors.items() if v.is_floating_point()}
-    heads, kv, d, eps = (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"],
-                         config["rms_norm_eps"])
+    heads, kv, d, eps = (
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["head_dim"],
+        config["rms_norm_eps"],
+    )
 
     def rms(x, weight):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
@@ -200,18 +225,21 @@ def engine_forward(tensors: dict, config: dict, embed: torch.Tensor, features: t
     t = len(tokens)
     hidden = features @ w["fc.weight"].T  # combine_hidden_states
     residual = hidden  # norm_before_residual false: the residual is the un-normed state
-    x = torch.cat([rms(embed[tokens], w["midlayer.input_layernorm.weight"]),
-                   rms(hidden, w["midlayer.hidden_norm.weight"])], dim=-1)  # [embeds, hidden_states]
+    x = torch.cat(
+        [rms(embed[tokens], w["midlayer.input_layernorm.weight"]), rms(hidden, w["midlayer.hidden_norm.weight"])],
+        dim=-1,
+    )  # [embeds, hidden_states]
     q = rope((x @ w["midlayer.self_attn.q_proj.weight"].T).view(t, heads, d))
     k = rope((x @ w["midlayer.self_attn.k_proj.weight"].T).view(t, kv, d)).repeat_interleave(heads // kv, 1)
     v = (x @ w["midlayer.self_attn.v_proj.weight"].T).view(t, kv, d).repeat_interleave(heads // kv, 1)
-    scores = torch.einsum("qhd,khd->hqk", q, k) / d ** 0.5
+    scores = torch.einsum("qhd,khd->hqk", q, k) / d**0.5
     scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
     attn = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(t, heads * d)
     residual = attn @ w["midlayer.self_attn.o_proj.weight"].T + residual  # post_attention_layernorm(h, residual)
     x = rms(residual, w["midlayer.post_attention_layernorm.weight"])
-    mlp = (torch.nn.functional.silu(x @ w["midlayer.mlp.gate_proj.weight"].T) * (x @ w["midlayer.mlp.up_proj.weight"].T)
-           ) @ w["midlayer.mlp.down_proj.weight"].T
+    mlp = (
+        torch.nn.functional.silu(x @ w["midlayer.mlp.gate_proj.weight"].T) * (x @ w["midlayer.mlp.up_proj.weight"].T)
+    ) @ w["midlayer.mlp.down_proj.weight"].T
     prenorm = mlp + residual  # self.norm(hidden_states, residual): (normed, pre-norm)
     logits = rms(prenorm, w["norm.weight"]) @ w["lm_head.weight"].T  # [T, V']
     full = logits.new_full((t, config["vocab_size"]), float("-inf"))
@@ -224,8 +252,13 @@ def test_the_engines_forward_on_an_export_equals_the_heads(target, head_folder, 
     generator = torch.Generator().manual_seed(3)
     features, tokens = torch.randn(7, 3 * H, generator=generator), torch.randint(V, (7,), generator=generator)
     config = json.loads((exported["vllm"] / "config.json").read_text())
-    prenorm, logits = engine_forward(load_file(str(exported["vllm"] / "model.safetensors")), config,
-                                     target.model.embed_tokens.weight.detach(), features, tokens)
+    prenorm, logits = engine_forward(
+        load_file(str(exported["vllm"] / "model.safetensors")),
+        config,
+        target.model.embed_tokens.weight.detach(),
+        features,
+        tokens,
+    )
     with torch.no_grad():
         h = head(features[None], tokens[None], torch.arange(7)[None], torch.ones(1, 7, 7, dtype=torch.bool).tril())[0]
         mine = torch.full((7, V), float("-inf"))
@@ -292,8 +325,12 @@ def test_the_cli_drafts_with_an_exported_folder(target, exported, tmp_path, caps
     PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE(vocab=characters, merges=[]))).save_pretrained(folder)
     outputs = {}
     for method in ("none", f"eagle:head={exported[fmt]}"):
-        assert main(["generate", "ABCABD", "--target", str(folder), "--method", method, "--max-new-tokens", "12",
-                     "--json"]) == 0
+        assert (
+            main(
+                ["generate", "ABCABD", "--target", str(folder), "--method", method, "--max-new-tokens", "12", "--json"]
+            )
+            == 0
+        )
         outputs[method] = json.loads(capsys.readouterr().out)
     plain, eagle = outputs.values()
     assert eagle["token_ids"] == plain["token_ids"] and len(plain["token_ids"]) == 12

@@ -14,20 +14,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import RANDOM_SHAPES, RANDOM_TYPES
+from heads_util import eagle1_head, medusa_heads
+from spec_util import REAL_VOCAB_RATE, assert_speculated
+from stats_util import chi_square_p_value, sample_batched
 
 from quickdraft import Decoder
 from quickdraft.backends.backend import SeqPass
 from quickdraft.backends.llama_cpp import llama_cpp_installed
 from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.sampling import SamplingParams, logits_to_probs
-from conftest import RANDOM_SHAPES, RANDOM_TYPES
-from heads_util import eagle1_head, medusa_heads
-from spec_util import REAL_VOCAB_RATE, assert_speculated
-from stats_util import chi_square_p_value, sample_batched
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not llama_cpp_installed(),
-                                 reason="llama-cpp-python is not installed (./setup.sh builds it)")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not llama_cpp_installed(), reason="llama-cpp-python is not installed (./setup.sh builds it)"),
+]
 
 DRAFTERS = ["prompt-lookup:draft_length=fixed", "self-spec", "draft", "lookahead", "eagle", "medusa"]
 PROMPTS = ["The cat sat on the mat. The cat sat on the", "def add(a, b):\n    return a + b\n\ndef sub(a, b):"]
@@ -44,8 +45,9 @@ def load(random_ggufs, cache, arch: str, kind: str) -> LoadedModel:
     return load_model(random_ggufs[arch, kind], cache_dir=cache)
 
 
-def decoder(target: LoadedModel, method: str, backend: str, cache: Path, draft: LoadedModel | None = None,
-            **options) -> Decoder:
+def decoder(
+    target: LoadedModel, method: str, backend: str, cache: Path, draft: LoadedModel | None = None, **options
+) -> Decoder:
     return Decoder(target, draft, method, cache_dir=cache, measure_shapes=False, backend=backend, **options)
 
 
@@ -58,11 +60,12 @@ def test_every_drafter_equals_plain_greedy(random_ggufs, cache, arch, kind, back
     draft = load(random_ggufs, cache, arch, "Q4_0")  # the same random weights in another type: drafts get accepted
     plain = decoder(target, "none", backend, cache)
     expected = [plain.generate(p, max_new_tokens=40, chat=False).token_ids for p in PROMPTS]
-    heads = {"eagle": {"head": str(eagle1_head(target, tmp_path / "eagle"))},
-             "medusa": {"head": str(medusa_heads(target, tmp_path / "medusa"))}}
+    heads = {
+        "eagle": {"head": str(eagle1_head(target, tmp_path / "eagle"))},
+        "medusa": {"head": str(medusa_heads(target, tmp_path / "medusa"))},
+    }
     for method in DRAFTERS:
-        fast = decoder(target, method, backend, cache, draft if method == "draft" else None,
-                       **heads.get(method, {}))
+        fast = decoder(target, method, backend, cache, draft if method == "draft" else None, **heads.get(method, {}))
         assert fast.backend_kind == backend
         outputs = [fast.generate(p, max_new_tokens=40, chat=False) for p in PROMPTS]
         for prompt, want, got in zip(PROMPTS, expected, outputs):
@@ -88,9 +91,14 @@ def test_sampled_output_follows_the_target_on_llama_cpp(random_ggufs, cache, arc
     first_logits = backend.forward([SeqPass(backend.new_cache(), prompt, logits="last")])[0].logits[-1]
     first = logits_to_probs(first_logits, params)  # [V]
     support = first.nonzero().flatten().tolist()  # the top 4
-    second = torch.stack([logits_to_probs(backend.forward([SeqPass(backend.new_cache(), [*prompt, t],
-                                                                   logits="last")])[0].logits[-1], params)
-                          for t in support])  # [4, V]
+    second = torch.stack(
+        [
+            logits_to_probs(
+                backend.forward([SeqPass(backend.new_cache(), [*prompt, t], logits="last")])[0].logits[-1], params
+            )
+            for t in support
+        ]
+    )  # [4, V]
     expected = first[support, None] * second  # [4, V]: the first two tokens
     counts = torch.zeros_like(expected)
     rejected = 0

@@ -5,9 +5,17 @@ import pytest
 from quickdraft.serve.gate import LOOPBACK_HOSTS, allowed_hosts, host_name
 
 
-@pytest.mark.parametrize("header, name", [("127.0.0.1:8000", "127.0.0.1"), ("[::1]:8000", "::1"), ("::1", "::1"),
-                                          ("Example.COM", "example.com"), ("localhost:80", "localhost"),
-                                          ("[::1", "[::1")])
+@pytest.mark.parametrize(
+    "header, name",
+    [
+        ("127.0.0.1:8000", "127.0.0.1"),
+        ("[::1]:8000", "::1"),
+        ("::1", "::1"),
+        ("Example.COM", "example.com"),
+        ("localhost:80", "localhost"),
+        ("[::1", "[::1"),
+    ],
+)
 def test_host_name_drops_the_port_and_case(header, name):
     assert host_name(header) == name
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import RANDOM_SHAPES
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from quickdraft.models import gguf_convert
 from quickdraft.models.weights import GgufWeights, build_model
-from conftest import RANDOM_SHAPES
 
 TEXT = "Hello world! The quick brown fox, 12345 <|im_start|> naïve   spaces\n\ttabs <eos>"
 # transformers' own conversion takes 12 s a file for SmolLM2's vocabulary: one type there, all for Gemma's cut one.

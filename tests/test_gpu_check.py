@@ -21,8 +21,13 @@ from gpu_stage import MISSING, pack, receive  # noqa: E402
 
 @pytest.mark.integration
 def test_the_gpu_check_dry_run_runs_every_part(tmp_path):
-    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", "--out", str(tmp_path)],
-                         env=os.environ | {"PYTHON": sys.executable}, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", "--out", str(tmp_path)],
+        env=os.environ | {"PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     log = (tmp_path / "check.log").read_text()
     for part in ("tests", "passes", "bench"):
@@ -62,4 +67,3 @@ def test_staged_parts_travel_one_call_at_a_time_and_unpack_once_all_have_come(tm
     shutil.copy(staged / "manifest.json", damaged)
     (damaged / "part-1").write_bytes(b"not the part")
     assert receive(damaged, tmp_path / "elsewhere") == 1
-

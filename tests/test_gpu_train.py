@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from quickdraft.training.distill import answers_file, read_answers
 from quickdraft.models.embedded import DEFAULT_NAME
+from quickdraft.training.distill import answers_file, read_answers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,8 +22,13 @@ def test_the_gpu_training_dry_run_reuses_staged_answers_and_returns_the_head_in_
     staged = answers_file(tmp_path / "files", DEFAULT_NAME, 8)  # the dry run answers up to 8 tokens
     staged.parent.mkdir()
     staged.write_text(json.dumps([[1, 2, 3], [4, 5]]) + "\n")  # made earlier, for a prompt not in the data
-    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_train.sh"), "--dry-run", "--out", str(tmp_path)],
-                         env=os.environ | {"PYTHON": sys.executable}, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_train.sh"), "--dry-run", "--out", str(tmp_path)],
+        env=os.environ | {"PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "gpu_train: training: exit 0" in run.stdout
     answers = read_answers(tmp_path / "cache" / staged.name)

@@ -4,8 +4,10 @@ clearly. "eagle3" below is method "eagle" with an EAGLE-3 head."""
 
 import pytest
 import torch
-
 from conftest import DEVICES, loaded, tiny_llama
+from spec_util import assert_speculated
+from stats_util import chi_square_p_value, sample_batched
+
 from quickdraft import Decoder
 from quickdraft.drafters.tree_record import TreeRecord
 from quickdraft.errors import QuickdraftError
@@ -18,8 +20,6 @@ from quickdraft.training.train_command import feature_decoder
 from quickdraft.training.train_eagle import train_eagle
 from quickdraft.training.train_eagle3 import train_eagle3
 from quickdraft.training.train_medusa import train_medusa
-from stats_util import chi_square_p_value, sample_batched
-from spec_util import assert_speculated
 
 
 def train_heads(model, folder, vocab):
@@ -33,16 +33,32 @@ def train_heads(model, folder, vocab):
     lm_head, embed = model.lm_head.weight.detach(), model.model.embed_tokens.weight.detach()
     # A draft vocabulary of 24 tokens: smaller than the 32 of the tiny target, not than the 8 of the small one.
     # fp32, not "auto": the same heads on every machine, whichever precision it measures faster.
-    train_medusa(shards, lm_head, 3, folder / "medusa", TrainSettings(steps=150, lr=3e-3, vocab=24, precision="fp32"),
-                 "t", progress=False)
+    train_medusa(
+        shards,
+        lm_head,
+        3,
+        folder / "medusa",
+        TrainSettings(steps=150, lr=3e-3, vocab=24, precision="fp32"),
+        "t",
+        progress=False,
+    )
     settings = TrainSettings(steps=200, sequences=8, window=64, lr=3e-3, vocab=24, precision="fp32")
     train_eagle(shards, lm_head, embed, model.config, folder / "eagle", settings, "t", progress=False)
     config = Eagle3Config.from_target(model.config)
-    fused = load_features(extract_features(decoder.target_backend, sequences, folder / "fused", progress=False,
-                                           layers=config.features))
-    train_eagle3(fused, lm_head, model.model.norm.weight.detach(), embed, config, folder / "eagle3",
-                 TrainSettings(steps=150, sequences=8, window=64, lr=3e-3, vocab=24, unroll=3, precision="fp32"), "t",
-                 progress=False)
+    fused = load_features(
+        extract_features(decoder.target_backend, sequences, folder / "fused", progress=False, layers=config.features)
+    )
+    train_eagle3(
+        fused,
+        lm_head,
+        model.model.norm.weight.detach(),
+        embed,
+        config,
+        folder / "eagle3",
+        TrainSettings(steps=150, sequences=8, window=64, lr=3e-3, vocab=24, unroll=3, precision="fp32"),
+        "t",
+        progress=False,
+    )
     return folder
 
 
@@ -65,8 +81,17 @@ def test_head_drafters_greedy_equal_plain(tiny_target, heads, method, k, top_k, 
     # The lookup branch (on by default) may reach past the head's depth, up to k_max.
     depth = k if k < 3 else 16
     plain = Decoder(loaded(tiny_target, "t"), None, "none", device=device)
-    spec = Decoder(loaded(tiny_target, "t"), None, method_of(method), k, head=str(heads / method), tree_top_k=top_k,
-                   tree_nodes=nodes, device=device, lookup=k >= 3)
+    spec = Decoder(
+        loaded(tiny_target, "t"),
+        None,
+        method_of(method),
+        k,
+        head=str(heads / method),
+        tree_top_k=top_k,
+        tree_nodes=nodes,
+        device=device,
+        lookup=k >= 3,
+    )
     outputs = []
     for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [4]):
         out = spec.generate(prompt, max_new_tokens=40)
@@ -86,8 +111,9 @@ def test_head_drafters_on_the_static_backend_greedy_equal_plain(tiny_target, hea
     the 64-token window, whose deeper nodes the engine cuts there, stay exact."""
     options = dict(backend="static", precision=precision, measure_shapes=False)
     plain = Decoder(loaded(tiny_target, "t"), None, "none", **options)
-    spec = Decoder(loaded(tiny_target, "t"), None, method_of(method), 4, head=str(heads / method), tree_nodes=16,
-                   **options)
+    spec = Decoder(
+        loaded(tiny_target, "t"), None, method_of(method), 4, head=str(heads / method), tree_nodes=16, **options
+    )
     outputs = []
     for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9]):
         outputs.append(spec.generate(prompt, max_new_tokens=100))
@@ -105,8 +131,9 @@ def test_eagle_drafts_deeper_than_one_level_get_accepted(tiny_target, heads):
     prompts = ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [4], [2, 8, 6])
 
     def pooled(k: int) -> tuple[float, int]:
-        spec = Decoder(loaded(tiny_target, "t"), None, "eagle", k, head=str(heads / "eagle"), lookup=False,
-                       tree_nodes=8)
+        spec = Decoder(
+            loaded(tiny_target, "t"), None, "eagle", k, head=str(heads / "eagle"), lookup=False, tree_nodes=8
+        )
         outs = [spec.generate(prompt, 60) for prompt in prompts]
         per_pass = sum(out.stats.new_tokens for out in outs) / sum(out.stats.target_passes for out in outs)
         return per_pass, max(step.accepted for out in outs for step in out.steps)
@@ -120,8 +147,9 @@ def test_eagle_drafts_deeper_than_one_level_get_accepted(tiny_target, heads):
 def test_head_drafters_through_the_transformers_backend(tiny_target, heads):
     plain = Decoder(loaded(tiny_target, "t"), None, "none", backend="hf").generate([3, 1, 4, 1, 5], 30)
     for method in ("medusa", "eagle", "eagle3"):
-        out = Decoder(loaded(tiny_target, "t"), None, method_of(method), 3, head=str(heads / method), backend="hf"
-                      ).generate([3, 1, 4, 1, 5], 30)
+        out = Decoder(
+            loaded(tiny_target, "t"), None, method_of(method), 3, head=str(heads / method), backend="hf"
+        ).generate([3, 1, 4, 1, 5], 30)
         assert out.token_ids == plain.token_ids
         assert_speculated([out], label=method)
 
@@ -153,13 +181,16 @@ def small(tmp_path_factory):
 
 @pytest.mark.chance
 @pytest.mark.speculation
-@pytest.mark.parametrize("method,params,lookup", [
-    ("medusa", SamplingParams(temperature=1.0), False),
-    ("eagle", SamplingParams(temperature=1.0), False),
-    ("eagle", SamplingParams(temperature=0.7, top_k=5, top_p=0.9), False),
-    ("eagle3", SamplingParams(temperature=1.0), False),
-    ("eagle3", SamplingParams(temperature=1.0), True),  # a lookup branch (2, 3, 1) beside the head's guesses
-])
+@pytest.mark.parametrize(
+    "method,params,lookup",
+    [
+        ("medusa", SamplingParams(temperature=1.0), False),
+        ("eagle", SamplingParams(temperature=1.0), False),
+        ("eagle", SamplingParams(temperature=0.7, top_k=5, top_p=0.9), False),
+        ("eagle3", SamplingParams(temperature=1.0), False),
+        ("eagle3", SamplingParams(temperature=1.0), True),  # a lookup branch (2, 3, 1) beside the head's guesses
+    ],
+)
 def test_sampled_output_follows_the_target(small, method, params, lookup):
     model, folder = small
     prompt = [1, 2, 3, 1, 2, 3, 1]
@@ -167,12 +198,21 @@ def test_sampled_output_follows_the_target(small, method, params, lookup):
         first = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], params)  # [V]
         second = logits_to_probs(model(torch.tensor([[*prompt, t] for t in range(VOCAB)])).logits[:, -1], params)
     expected = first[:, None] * second  # [V, V]: the first two tokens
-    decoder = Decoder(loaded(model, "t"), None, method_of(method), 3, head=str(folder / method), tree_top_k=2,
-                      tree_nodes=5, lookup=lookup)
+    decoder = Decoder(
+        loaded(model, "t"),
+        None,
+        method_of(method),
+        3,
+        head=str(folder / method),
+        tree_top_k=2,
+        tree_nodes=5,
+        lookup=lookup,
+    )
     counts = torch.zeros(VOCAB, VOCAB)
     trees = 0
-    outputs = sample_batched(decoder, prompt, RUNS, 3, temperature=params.temperature, top_k=params.top_k,
-                             top_p=params.top_p)
+    outputs = sample_batched(
+        decoder, prompt, RUNS, 3, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
+    )
     for out in outputs:
         counts[out.token_ids[0], out.token_ids[1]] += 1
         trees += out.steps[0].accepted >= 1
@@ -191,8 +231,9 @@ def test_batched_head_drafters_equal_each_alone(tiny_target, heads, method, prec
 
     from quickdraft.serve.scheduler import Scheduler
 
-    decoder = Decoder(loaded(tiny_target, "t"), None, method_of(method), 3, head=str(heads / method),
-                      precision=precision)
+    decoder = Decoder(
+        loaded(tiny_target, "t"), None, method_of(method), 3, head=str(heads / method), precision=precision
+    )
     name = method_of(method)
     jobs = [(name, 3), ("none", None), (name, 2), ("prompt-lookup", None), (name, 4)]
     lengths = [20, 7, 25, 13, 30]
@@ -228,8 +269,7 @@ def test_full_vocabulary_drafting_stays_exact(tiny_target, heads):
 @pytest.mark.parametrize("method", ["medusa", "eagle"])
 def test_static_trees_greedy_equal_plain(tiny_target, heads, method):
     plain = Decoder(loaded(tiny_target, "t"), None, "none")
-    spec = Decoder(loaded(tiny_target, "t"), None, method, 3, head=str(heads / method), tree="static",
-                   tree_nodes=8)
+    spec = Decoder(loaded(tiny_target, "t"), None, method, 3, head=str(heads / method), tree="static", tree_nodes=8)
     outputs = []
     for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9]):
         out = spec.generate(prompt, max_new_tokens=40)
@@ -258,8 +298,9 @@ def test_the_tree_size_follows_the_targets_measured_pass_costs(tiny_target, head
     native = Decoder(loaded(tiny_target, "t"), None, "medusa", head=str(heads / "medusa"), measure_shapes=False)
     assert native.drafter.nodes == 4 and native.drafter.pass_ms == ()
     for kind in ("static", "native"):  # both measure their passes at load
-        measured = Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(heads / "eagle"), backend=kind,
-                           cache_dir=tmp_path)
+        measured = Decoder(
+            loaded(tiny_target, "t"), None, "eagle", head=str(heads / "eagle"), backend=kind, cache_dir=tmp_path
+        )
         costs = measured.target_backend.pass_ms
         assert costs and measured.drafter.nodes == tree_budget(costs) and dict(measured.drafter.pass_ms) == costs
 
@@ -273,8 +314,14 @@ def test_trees_sized_each_step_by_measured_cost_greedy_equal_plain(tiny_target, 
     from quickdraft.backends.select import make_backend
 
     target = loaded(tiny_target, "t")
-    make_backend(target, "native", "fp32", "cpu", measure=False).pass_ms = {1: 10.0, 2: 11.0, 3: 12.5, 4: 12.5,
-                                                                            5: 20.0, 8: 21.0}
+    make_backend(target, "native", "fp32", "cpu", measure=False).pass_ms = {
+        1: 10.0,
+        2: 11.0,
+        3: 12.5,
+        4: 12.5,
+        5: 20.0,
+        8: 21.0,
+    }
     spec = Decoder(target, None, method_of(method), head=str(heads / method), measure_shapes=False, lookup=lookup)
     plain = Decoder(loaded(tiny_target, "t"), None, "none", measure_shapes=False)
     sizes, outputs = set(), []
@@ -297,8 +344,14 @@ def test_an_eagle_head_rests_where_none_of_its_nodes_could_pay(tiny_target, head
     from quickdraft.drafters.tree_record import RECHECK_EVERY
 
     target = loaded(tiny_target, "t")
-    make_backend(target, "native", "fp32", "cpu", measure=False).pass_ms = {1: 10.0, 2: 11.0, 3: 12.5, 4: 12.5,
-                                                                            5: 20.0, 8: 21.0}
+    make_backend(target, "native", "fp32", "cpu", measure=False).pass_ms = {
+        1: 10.0,
+        2: 11.0,
+        3: 12.5,
+        4: 12.5,
+        5: 20.0,
+        8: 21.0,
+    }
     spec = Decoder(target, None, "eagle", head=str(heads / method), measure_shapes=False, lookup=True)
     plain = Decoder(loaded(tiny_target, "t"), None, "none", measure_shapes=False)
     rested = drafted = 0
@@ -324,8 +377,9 @@ def test_a_lookup_branch_stays_exact_and_gets_accepted(tiny_target, heads, metho
     # The tiny target's greedy text repeats itself in places (17 17 17, 1 1 1 1): there prompt
     # lookup's copies are right, and the branch's tokens get accepted.
     plain = Decoder(loaded(tiny_target, "t"), None, "none")
-    branched = Decoder(loaded(tiny_target, "t"), None, method_of(method), 4, lookup=True, head=str(heads / method),
-                       tree_nodes=4)
+    branched = Decoder(
+        loaded(tiny_target, "t"), None, method_of(method), 4, lookup=True, head=str(heads / method), tree_nodes=4
+    )
     from_branch, generations = 0, []
     for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [4]):
         generations.append(generation := branched.start(prompt, max_new_tokens=60))

@@ -33,9 +33,11 @@ def path_of(node, tokens, parents):
 
 def path_head(rows: list[int]):
     """An Expand over children_logp that counts the head rows it is asked for in `rows`."""
+
     def expand(frontier, tokens, parents):
         rows.append(len(frontier))
         return torch.stack([children_logp(path_of(n, tokens, parents)) for n in frontier])
+
     return expand
 
 
@@ -112,8 +114,10 @@ def test_frontier_nodes_that_cannot_be_kept_are_not_expanded_and_the_tree_is_unc
         first = children_logp(())
         full = grow_tree(first, expand, TreeShape(depth, top_k, nodes=10**6))[:2]
         full_rows = sum(rows)
-        scores = [sum(children_logp(path_of(n, *full)[:i])[t] for i, t in enumerate(path_of(n, *full))).item()
-                  for n in range(len(full[0]))]
+        scores = [
+            sum(children_logp(path_of(n, *full)[:i])[t] for i, t in enumerate(path_of(n, *full))).item()
+            for n in range(len(full[0]))
+        ]
         rows.clear()
         pruned = kept(first, expand, TreeShape(depth, top_k, nodes))
         assert pruned == keep_most_confident(*full, scores, nodes)[:2], trial
@@ -199,11 +203,19 @@ def test_the_head_rests_only_when_none_of_its_nodes_could_pay():
     def expand(frontier, tokens, parents):
         return torch.stack([logp(0.9, 0.05, 0.05)] * len(frontier))
 
-    tree = draft_tree(logp(0.9, 0.05, 0.05), expand,
-                      TreeShape(3, 2, 4, pass_ms=tuple(steps.items()), scale=math.log(0.2)), vocab, ([20, 21, 22], sure))
+    tree = draft_tree(
+        logp(0.9, 0.05, 0.05),
+        expand,
+        TreeShape(3, 2, 4, pass_ms=tuple(steps.items()), scale=math.log(0.2)),
+        vocab,
+        ([20, 21, 22], sure),
+    )
     alone = chain_draft([20, 21, 22], 3)
-    assert (tree.tokens, tree.parents, tree.chain) == (alone.tokens, alone.parents, alone.chain) == (
-        [20, 21, 22], [-1, 0, 1], [0, 1, 2])
+    assert (
+        (tree.tokens, tree.parents, tree.chain)
+        == (alone.tokens, alone.parents, alone.chain)
+        == ([20, 21, 22], [-1, 0, 1], [0, 1, 2])
+    )
 
 
 def test_frontier_nodes_whose_descendants_could_not_pay_are_not_expanded_and_the_tree_is_unchanged():
@@ -232,8 +244,9 @@ def test_frontier_nodes_whose_descendants_could_not_pay_are_not_expanded_and_the
         grow_tree(first, expand, TreeShape(depth, top_k, nodes))  # pruned by the `nodes` floor alone
         floor_rows = sum(rows)
         rows.clear()
-        tree = draft_tree(first, expand, TreeShape(depth, top_k, nodes, pass_ms=costs, scale=scale),
-                          torch.arange(VOCAB))
+        tree = draft_tree(
+            first, expand, TreeShape(depth, top_k, nodes, pass_ms=costs, scale=scale), torch.arange(VOCAB)
+        )
         assert (tree.tokens, tree.parents) == expected, trial
         assert sum(rows) <= floor_rows <= full_rows
         saved += floor_rows - sum(rows)

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from heads_util import target_backend
 
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.config import Eagle3Config, EagleConfig
@@ -21,7 +22,6 @@ from quickdraft.training.train_command import distilled, feature_decoder
 from quickdraft.training.train_eagle import eagle_batch, eagle_sequences, train_eagle
 from quickdraft.training.train_medusa import medusa_loss, medusa_positions, train_medusa
 from quickdraft.training.vocab import coverage, draft_vocabulary, vocabulary_index
-from heads_util import target_backend
 
 
 def test_training_files_in_every_format_and_evaluation_sets_refused(tmp_path):
@@ -39,17 +39,24 @@ def test_training_files_in_every_format_and_evaluation_sets_refused(tmp_path):
 
 
 def test_medusa_head_k_learns_the_targets_choice_k_plus_1_ahead():
-    shard = {"tokens": torch.arange(6, dtype=torch.int32), "choice": torch.arange(100, 106, dtype=torch.int32),
-             "hidden": torch.zeros(6, 4, dtype=torch.bfloat16), "offsets": torch.tensor([0, 6]),
-             "starts": torch.tensor([2])}
+    shard = {
+        "tokens": torch.arange(6, dtype=torch.int32),
+        "choice": torch.arange(100, 106, dtype=torch.int32),
+        "hidden": torch.zeros(6, 4, dtype=torch.bfloat16),
+        "offsets": torch.tensor([0, 6]),
+        "starts": torch.tensor([2]),
+    }
     data = medusa_positions([shard], heads=2)
     assert data.rows.tolist() == [0, 1, 2, 3, 4]  # every position with a token after it
     assert data.targets.tolist() == [[101, 102, 103, 104, 105], [102, 103, 104, 105, -1]]
 
 
 def test_draft_vocabulary_keeps_the_most_frequent_tokens():
-    shard = {"tokens": torch.tensor([9, 1, 1, 1, 2, 2, 3], dtype=torch.int32),
-             "offsets": torch.tensor([0, 7]), "starts": torch.tensor([1])}  # 9 is the prompt
+    shard = {
+        "tokens": torch.tensor([9, 1, 1, 1, 2, 2, 3], dtype=torch.int32),
+        "offsets": torch.tensor([0, 7]),
+        "starts": torch.tensor([1]),
+    }  # 9 is the prompt
     vocab = draft_vocabulary([shard], 2, 10)
     assert vocab.tolist() == [1, 2]
     assert vocabulary_index(vocab, 10).tolist() == [-1, 0, 1, -1, -1, -1, -1, -1, -1, -1]
@@ -59,8 +66,17 @@ def test_draft_vocabulary_keeps_the_most_frequent_tokens():
 def test_eagle_batch_pairs_each_state_with_the_next_token():
     tokens = torch.arange(10, 16)  # 6 tokens
     hidden = torch.arange(6.0)[:, None].expand(6, 2).to(torch.bfloat16)
-    data = eagle_sequences([{"tokens": tokens.int(), "choice": (tokens + 1).int(), "hidden": hidden,
-                             "offsets": torch.tensor([0, 6]), "starts": torch.tensor([3])}])
+    data = eagle_sequences(
+        [
+            {
+                "tokens": tokens.int(),
+                "choice": (tokens + 1).int(),
+                "hidden": hidden,
+                "offsets": torch.tensor([0, 6]),
+                "starts": torch.tensor([3]),
+            }
+        ]
+    )
     batch = eagle_batch(data, [0], 64, vocabulary_index(torch.arange(20), 20), 0.0, torch.Generator())
     assert batch["hidden"][0, :, 0].tolist() == [0, 1, 2, 3, 4]  # f_j
     assert batch["tokens"][0].tolist() == [11, 12, 13, 14, 15]  # x_{j+1}
@@ -74,8 +90,10 @@ def test_held_out_examples_stay_held_out_when_the_data_grows():
 
     def shard(examples: int) -> dict[str, torch.Tensor]:
         lengths = torch.randint(3, 9, (examples,), generator=generator)
-        return {"tokens": torch.randint(50, (int(lengths.sum()),), generator=generator, dtype=torch.int32),
-                "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])}
+        return {
+            "tokens": torch.randint(50, (int(lengths.sum()),), generator=generator, dtype=torch.int32),
+            "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
+        }
 
     old, new = shard(400), shard(200)
     first = held_out([old], TrainSettings())
@@ -109,17 +127,25 @@ def tiny_shards(tiny_target, tmp_path_factory):
 def test_feature_shards_are_cut_by_content_and_reused_when_examples_are_added(tiny_target, tmp_path):
     generator = torch.Generator().manual_seed(0)
     sequences = [(torch.randint(32, (12,), generator=generator).tolist(), 4) for _ in range(60)]
-    folder = extract_features(target_backend(tiny_target), sequences, tmp_path / "grown", progress=False, shard_examples=6)
-    first = {name: (folder / name).stat().st_mtime_ns for name in json.loads((folder / "index.json").read_text())["shards"]}
+    folder = extract_features(
+        target_backend(tiny_target), sequences, tmp_path / "grown", progress=False, shard_examples=6
+    )
+    first = {
+        name: (folder / name).stat().st_mtime_ns for name in json.loads((folder / "index.json").read_text())["shards"]
+    }
     assert len(first) > 4
     added = sequences[:30] + [(torch.randint(32, (12,), generator=generator).tolist(), 4) for _ in range(3)]
     added += sequences[30:]
-    grown = load_features(extract_features(target_backend(tiny_target), added, folder, progress=False, shard_examples=6))
+    grown = load_features(
+        extract_features(target_backend(tiny_target), added, folder, progress=False, shard_examples=6)
+    )
     now = json.loads((folder / "index.json").read_text())["shards"]
     # Only the shard that took the new examples was made again; every other one was reused as it was.
     assert len(set(first) - set(now)) == 1
     assert all((folder / name).stat().st_mtime_ns == first[name] for name in first)
-    fresh = load_features(extract_features(target_backend(tiny_target), added, tmp_path / "fresh", progress=False, shard_examples=6))
+    fresh = load_features(
+        extract_features(target_backend(tiny_target), added, tmp_path / "fresh", progress=False, shard_examples=6)
+    )
     assert len(grown) == len(fresh)
     for ours, theirs in zip(grown, fresh):
         assert all(torch.equal(ours[key], theirs[key]) for key in theirs)
@@ -135,10 +161,21 @@ def test_batched_features_equal_one_example_a_pass(tiny_target, tmp_path):
     generator = torch.Generator().manual_seed(3)
     sequences = [(torch.randint(32, (n,), generator=generator).tolist(), n // 3) for n in range(4, 40, 3)]
     layers = Eagle3Config.from_target(tiny_target.config).features
-    batched = load_features(extract_features(target_backend(tiny_target), sequences, tmp_path / "batched", progress=False,
-                                             layers=layers, batch_tokens=256))
-    alone = load_features(extract_features(target_backend(tiny_target), sequences, tmp_path / "alone", progress=False,
-                                           layers=layers, batch_tokens=1))
+    batched = load_features(
+        extract_features(
+            target_backend(tiny_target),
+            sequences,
+            tmp_path / "batched",
+            progress=False,
+            layers=layers,
+            batch_tokens=256,
+        )
+    )
+    alone = load_features(
+        extract_features(
+            target_backend(tiny_target), sequences, tmp_path / "alone", progress=False, layers=layers, batch_tokens=1
+        )
+    )
     assert len(feature_batches([len(ids) for ids, _ in sequences], 256)) < len(sequences)  # passes of several
     assert len(batched) == len(alone)
     for ours, theirs in zip(batched, alone):
@@ -195,12 +232,22 @@ def test_medusa_training_lowers_the_loss_resumes_and_saves(tiny_target, tiny_sha
 
 def test_eagle_training_lowers_the_loss_and_saves(tiny_target, tiny_shards, tmp_path):
     lm_head, embed = tiny_target.lm_head.weight.detach(), tiny_target.model.embed_tokens.weight.detach()
-    settings = TrainSettings(steps=80, sequences=4, window=64, lr=3e-3, eval_every=40, checkpoint_every=40,
-                             precision="fp32")
-    fresh = train_eagle(tiny_shards, lm_head, embed, tiny_target.config, tmp_path / "fresh",
-                        TrainSettings(steps=1, lr=0.0), "tiny", progress=False)
-    result = train_eagle(tiny_shards, lm_head, embed, tiny_target.config, tmp_path / "eagle", settings, "tiny",
-                         progress=False)
+    settings = TrainSettings(
+        steps=80, sequences=4, window=64, lr=3e-3, eval_every=40, checkpoint_every=40, precision="fp32"
+    )
+    fresh = train_eagle(
+        tiny_shards,
+        lm_head,
+        embed,
+        tiny_target.config,
+        tmp_path / "fresh",
+        TrainSettings(steps=1, lr=0.0),
+        "tiny",
+        progress=False,
+    )
+    result = train_eagle(
+        tiny_shards, lm_head, embed, tiny_target.config, tmp_path / "eagle", settings, "tiny", progress=False
+    )
     assert result["final_loss"] < 0.7 * fresh["final_loss"]
     assert result["held_out_top1"][0] > 0.6 > fresh["held_out_top1"][0]
     config = json.loads((tmp_path / "eagle" / "config.json").read_text())
@@ -211,8 +258,9 @@ def test_eagle_training_lowers_the_loss_and_saves(tiny_target, tiny_shards, tmp_
     hidden, tokens = torch.randn(1, 5, tiny_target.config.hidden_size), torch.tensor([[1, 2, 3, 4, 5]])
     mask = torch.ones(5, 5, dtype=torch.bool).tril()[None]
     with torch.no_grad():
-        assert torch.equal(head(hidden, tokens, torch.arange(5)[None], mask),
-                           trained(hidden, tokens, torch.arange(5)[None], mask))
+        assert torch.equal(
+            head(hidden, tokens, torch.arange(5)[None], mask), trained(hidden, tokens, torch.arange(5)[None], mask)
+        )
 
 
 def test_eagle_head_with_a_cache_equals_one_pass():
@@ -245,8 +293,23 @@ def test_train_command_refuses_evaluation_data_before_loading_anything(tmp_path,
     assert "not found" in capsys.readouterr().err
     good = tmp_path / "train.jsonl"
     good.write_text(json.dumps({"question": "q", "answer": "a"}) + "\n")
-    assert main(["train", "eagle", "--data", str(good), "--output", str(tmp_path / "out"), "--distill", "8",
-                 "--distill-batch", "0"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "eagle",
+                "--data",
+                str(good),
+                "--output",
+                str(tmp_path / "out"),
+                "--distill",
+                "8",
+                "--distill-batch",
+                "0",
+            ]
+        )
+        == 2
+    )
     assert "--distill-batch must be >= 1" in capsys.readouterr().err
     assert main(["train", "eagle", "--data", str(good), "--output", str(tmp_path / "out"), "--feature-batch", "0"]) == 2
     assert "--feature-batch must be >= 1" in capsys.readouterr().err
@@ -264,8 +327,7 @@ def test_training_runs_where_the_device_flag_says(tmp_path, capsys):
     assert main(["train", "eagle", "--data", str(data), "--output", str(tmp_path / "out"), "--device", "tpu"]) == 2
     assert "unknown device" in capsys.readouterr().err
     if not torch.cuda.is_available():
-        assert main(["train", "eagle", "--data", str(data), "--output", str(tmp_path / "out"),
-                     "--device", "cuda"]) == 2
+        assert main(["train", "eagle", "--data", str(data), "--output", str(tmp_path / "out"), "--device", "cuda"]) == 2
         assert "no CUDA device" in capsys.readouterr().err
 
 
@@ -303,9 +365,13 @@ def test_drafting_copies_agree_with_the_trained_heads(kernel):
         names = set(eagle3.state_dict())
         fast = for_drafting(eagle3, kernel)
         approx = fast.logits(fast(*args3)[0])
-    assert set(fast.midlayer.self_attn.fused) == {"q_proj+k_proj+v_proj"} and set(fast.midlayer.mlp.fused) == {"gate_proj+up_proj"}
+    assert set(fast.midlayer.self_attn.fused) == {"q_proj+k_proj+v_proj"} and set(fast.midlayer.mlp.fused) == {
+        "gate_proj+up_proj"
+    }
     assert (approx.argmax(-1) == exact.argmax(-1)).float().mean() > 0.8
-    assert names == set(Eagle3Head(config3, torch.randn(64, 32), torch.arange(64)).state_dict())  # training layout unchanged
+    assert names == set(
+        Eagle3Head(config3, torch.randn(64, 32), torch.arange(64)).state_dict()
+    )  # training layout unchanged
 
 
 def test_draft_kernel_is_measured_once_and_cached(tmp_path):
@@ -324,8 +390,8 @@ def test_draft_kernel_is_measured_once_and_cached(tmp_path):
 
 
 def test_features_and_answers_come_through_the_backend_without_a_transformers_model(tiny_target, tmp_path):
-    from quickdraft.training.features import target_features
     from quickdraft.models.loading import load_model
+    from quickdraft.training.features import target_features
 
     tiny_target.save_pretrained(tmp_path / "tiny")
     target = load_model(str(tmp_path / "tiny"))
@@ -334,36 +400,63 @@ def test_features_and_answers_come_through_the_backend_without_a_transformers_mo
     generator = torch.Generator().manual_seed(2)
     sequences = [(torch.randint(32, (n,), generator=generator).tolist(), 3) for n in (7, 12, 20)]
     layers = Eagle3Config.from_target(target.config).features
-    made = target_features(decoder.target_backend, sequences, layers) + target_features(decoder.target_backend,
-                                                                                        sequences, ())
+    made = target_features(decoder.target_backend, sequences, layers) + target_features(
+        decoder.target_backend, sequences, ()
+    )
     answers = regenerate(decoder, [(ids[:4], 4) for ids, _ in sequences], 6, progress=False)
     assert not target.built  # neither distillation nor features built a transformers model
-    for (ids, start), (fused, fused_choice), (last, choice), (answer, _) in zip(sequences, made[:3], made[3:],
-                                                                                answers):
+    for (ids, start), (fused, fused_choice), (last, choice), (answer, _) in zip(sequences, made[:3], made[3:], answers):
         with torch.no_grad():  # transformers' own forward over the same weights
             out = tiny_target.model(torch.tensor([ids]), output_hidden_states=True)
             expected_choice = tiny_target.lm_head(out.last_hidden_state[0]).argmax(-1)
             expected = tiny_target.generate(torch.tensor([ids[:4]]), max_new_tokens=6, do_sample=False)[0].tolist()
         torch.testing.assert_close(last.float(), out.last_hidden_state[0], atol=2e-2, rtol=1e-2)  # stored as bf16
-        torch.testing.assert_close(fused.float(), torch.cat([out.hidden_states[i][0] for i in layers], -1),
-                                   atol=2e-2, rtol=1e-2)
+        torch.testing.assert_close(
+            fused.float(), torch.cat([out.hidden_states[i][0] for i in layers], -1), atol=2e-2, rtol=1e-2
+        )
         assert torch.equal(choice, expected_choice.to(torch.int32))
         assert (fused_choice[: max(start - 2, 0)] == -1).all()  # EAGLE-3: no choices in the prompt
-        assert torch.equal(fused_choice[max(start - 2, 0):], choice[max(start - 2, 0):])
+        assert torch.equal(fused_choice[max(start - 2, 0) :], choice[max(start - 2, 0) :])
         assert answer == expected[: len(answer)] and (len(answer) == 10 or answer[-1] in decoder.eos_ids)
 
 
 @pytest.mark.parametrize("kind, eagle", [("medusa", 3), ("eagle", 3)])
-def test_quickdraft_train_distils_and_extracts_through_the_backend_on_the_default_target(tmp_path, capsys, kind,
-                                                                                         eagle):
+def test_quickdraft_train_distils_and_extracts_through_the_backend_on_the_default_target(tmp_path, capsys, kind, eagle):
     from quickdraft.cli import main
 
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"question": f"Count to {n}.", "answer": " ".join(map(str, range(n)))}) + "\n"
-                            for n in range(3, 9)))
+    data.write_text(
+        "".join(
+            json.dumps({"question": f"Count to {n}.", "answer": " ".join(map(str, range(n)))}) + "\n"
+            for n in range(3, 9)
+        )
+    )
     out = tmp_path / kind
-    assert main(["train", kind, "--data", str(data), "--output", str(out), "--distill", "6", "--steps", "3",
-                 "--vocab", "64", "--eagle", str(eagle), "--device", "cpu", "--precision", "fp32"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                kind,
+                "--data",
+                str(data),
+                "--output",
+                str(out),
+                "--distill",
+                "6",
+                "--steps",
+                "3",
+                "--vocab",
+                "64",
+                "--eagle",
+                str(eagle),
+                "--device",
+                "cpu",
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 0
+    )
     config = json.loads((out / CONFIG_FILE).read_text())
     assert config["kind"] == kind and config["target"] == "SmolLM2-135M-Instruct"
     assert "trained a" in capsys.readouterr().out

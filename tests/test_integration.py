@@ -10,14 +10,13 @@ import json
 
 import pytest
 import torch
+from spec_util import REAL_VOCAB_RATE, assert_speculated, real_vocab_rate
 from transformers import LlamaForCausalLM
 
 import quickdraft
 from quickdraft.cli import main
 from quickdraft.models import default_gguf_path
 from quickdraft.models.loading import LoadedModel, default_cache_dir
-
-from spec_util import REAL_VOCAB_RATE, assert_speculated, real_vocab_rate
 
 pytestmark = pytest.mark.integration
 
@@ -49,8 +48,9 @@ def early_layers_draft(default) -> LoadedModel:
 def test_default_loads_with_only_its_tokenizer_cached(default):
     tokenizers = list((default_cache_dir() / "tokenizers").glob(default_gguf_path().stem + "-*"))
     assert tokenizers and (tokenizers[0] / "tokenizer_config.json").is_file()
-    assert not (default_cache_dir() / "converted").exists() or not any((default_cache_dir() / "converted").glob(
-        default_gguf_path().stem + "-*"))
+    assert not (default_cache_dir() / "converted").exists() or not any(
+        (default_cache_dir() / "converted").glob(default_gguf_path().stem + "-*")
+    )
     assert default.target.name == "SmolLM2-135M-Instruct"
     assert default.tokenizer.chat_template
 
@@ -59,9 +59,14 @@ def test_default_loads_with_only_its_tokenizer_cached(default):
 def test_plain_decoding_equals_transformers_generate(default, prompt):
     out = default.generate(prompt, max_new_tokens=40)
     ids = torch.tensor([out.prompt_token_ids])
-    reference = default.target.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                              max_new_tokens=40, eos_token_id=sorted(default.eos_ids))
-    assert out.token_ids == reference[0, ids.shape[1]:].tolist()
+    reference = default.target.model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=40,
+        eos_token_id=sorted(default.eos_ids),
+    )
+    assert out.token_ids == reference[0, ids.shape[1] :].tolist()
 
 
 @pytest.mark.speculation
@@ -114,20 +119,41 @@ def test_mismatched_draft_vocabulary_is_refused(default, tiny_target):
 
 
 def test_cli_json(capsys):
-    assert main(["generate", "What is 2+2?", "--json", "--max-new-tokens", "12", "--method", "prompt-lookup",
-                 "--k", "3"]) == 0
+    assert (
+        main(["generate", "What is 2+2?", "--json", "--max-new-tokens", "12", "--method", "prompt-lookup", "--k", "3"])
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert set(data) >= {"text", "token_ids", "prompt_token_ids", "stats"}
-    assert set(data["stats"]) >= {"acceptance_rate", "mean_accepted_tokens", "target_passes", "new_tokens",
-                                  "tokens_per_second"}
+    assert set(data["stats"]) >= {
+        "acceptance_rate",
+        "mean_accepted_tokens",
+        "target_passes",
+        "new_tokens",
+        "tokens_per_second",
+    }
     assert len(data["token_ids"]) == data["stats"]["new_tokens"] <= 12
 
 
 def test_cli_verbose_and_summary(capsys):
     # draft_length=fixed: the default cost model may not draft at all where verify passes are dear
     # (it chose K = 0 on every step on a CI machine where auto picked the llama.cpp backend).
-    assert main(["generate", PROMPTS[1], "--verbose", "--max-new-tokens", "24", "--k", "4",
-                 "--method", "prompt-lookup:draft_length=fixed"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                PROMPTS[1],
+                "--verbose",
+                "--max-new-tokens",
+                "24",
+                "--k",
+                "4",
+                "--method",
+                "prompt-lookup:draft_length=fixed",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert "Drafted: " in captured.out and "Accepted: " in captured.out
     assert "tok/s" in captured.err and "prompt-lookup" in captured.err
@@ -138,15 +164,23 @@ def test_cli_bad_input_is_one_line(capsys):
     assert main(["generate", "hi", "--k", "0"]) == 2
     assert main(["generate", "hi", "--target", "./no/such/model"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["quickdraft: error: argument --k: k must be in 1..64, got 0",
-                   "quickdraft: error: model not found: no such file or folder ./no/such/model"]
+    assert err == [
+        "quickdraft: error: argument --k: k must be in 1..64, got 0",
+        "quickdraft: error: model not found: no such file or folder ./no/such/model",
+    ]
 
 
 @pytest.mark.speculation
-@pytest.mark.parametrize("method, options", [("self-spec", {"layers": [0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 28, 29]}),
-                                             ("lookahead", {}),
-                                             ("prompt-lookup", {"draft_length": "adaptive"}),  # cost may choose K = 0
-                                             ("medusa", {}), ("eagle", {})])
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("self-spec", {"layers": [0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 24, 28, 29]}),
+        ("lookahead", {}),
+        ("prompt-lookup", {"draft_length": "adaptive"}),  # cost may choose K = 0
+        ("medusa", {}),
+        ("eagle", {}),
+    ],
+)
 def test_more_drafters_greedy_equal_plain_on_the_default(default, method, options):
     decoder = default.with_method(method, 3, **options)
     outputs = []
@@ -158,13 +192,19 @@ def test_more_drafters_greedy_equal_plain_on_the_default(default, method, option
 
 
 def test_native_backend_matches_transformers_on_the_default(default):
-    from seq_util import hf, native as native_seq
+    from seq_util import hf
+    from seq_util import native as native_seq
 
     ids = default.encode(PROMPTS[0])
     native = native_seq(default.target.model)
     reference = hf(default.target.model)
-    steps = [("forward", ids), ("forward", [28]), ("forward", [198, 1313, 24]), ("truncate", len(ids) + 1),
-             ("forward", [42, 43])]
+    steps = [
+        ("forward", ids),
+        ("forward", [28]),
+        ("forward", [198, 1313, 24]),
+        ("truncate", len(ids) + 1),
+        ("forward", [42, 43]),
+    ]
     for op, arg in steps:
         if op == "truncate":
             native.truncate(arg)
@@ -178,11 +218,34 @@ def test_native_backend_matches_transformers_on_the_default(default):
 def test_bench_command_on_the_default_target(tmp_path, capsys):
     """The whole `quickdraft bench` path: prompts, contenders, peers, report, JSON and plots."""
     data = tmp_path / "prompts.jsonl"
-    data.write_text("\n".join(json.dumps({"category": c, "turns": [t]}) for c, t in [
-        ("qa", "What is the capital of France? Answer in one sentence."), ("qa", "Who wrote Hamlet?"),
-        ("chat", "Say hello.")]) + "\n")
-    argv = ["bench", "--quick", "--data", str(data), "--methods", "prompt-lookup", "prompt-lookup:precision=int4",
-            "--categories", "qa", "--max-new-tokens", "12", "--peers", "transformers", "--output", str(tmp_path)]
+    data.write_text(
+        "\n".join(
+            json.dumps({"category": c, "turns": [t]})
+            for c, t in [
+                ("qa", "What is the capital of France? Answer in one sentence."),
+                ("qa", "Who wrote Hamlet?"),
+                ("chat", "Say hello."),
+            ]
+        )
+        + "\n"
+    )
+    argv = [
+        "bench",
+        "--quick",
+        "--data",
+        str(data),
+        "--methods",
+        "prompt-lookup",
+        "prompt-lookup:precision=int4",
+        "--categories",
+        "qa",
+        "--max-new-tokens",
+        "12",
+        "--peers",
+        "transformers",
+        "--output",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "| prompt-lookup |" in out and "| transformers generate |" in out
@@ -191,8 +254,10 @@ def test_bench_command_on_the_default_target(tmp_path, capsys):
     assert "| prompt-lookup:precision=int4 |" in report and "0/1 vs none:precision=int4,backend=native |" in report
     raw = json.loads((tmp_path / "results.json").read_text())
     assert raw["summaries"]["overall"]["transformers generate"]["mismatches"] == []
-    assert all((tmp_path / name).is_file() for name in ("speedup_by_category.png", "acceptance_by_position.png",
-                                                        "tokens_per_second_vs_k.png"))
+    assert all(
+        (tmp_path / name).is_file()
+        for name in ("speedup_by_category.png", "acceptance_by_position.png", "tokens_per_second_vs_k.png")
+    )
 
 
 def test_gguf_4_bit_blocks_are_exactly_the_loaded_weights(default):
@@ -213,8 +278,9 @@ def test_gguf_4_bit_blocks_are_exactly_the_loaded_weights(default):
 @pytest.mark.parametrize("precision, max_kl", [("bf16", 0.01), ("int8", 0.03), ("int4", 0.02)])
 def test_each_precision_stays_close_to_fp32_on_the_default(default, precision, max_kl):
     """Stated tolerances (measured 0.002 / 0.009 / 0.004 mean KL, 97% top-1 agreement each)."""
-    from quickdraft.backends.select import make_backend
     from seq_util import Seq
+
+    from quickdraft.backends.select import make_backend
 
     ids = default.encode(PROMPTS[0] + " " + PROMPTS[1])
     fp32 = Seq(make_backend(default.target, "native", precision="fp32")).forward(ids)
@@ -226,16 +292,17 @@ def test_each_precision_stays_close_to_fp32_on_the_default(default, precision, m
 
 @pytest.mark.speculation
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])
-def test_every_drafter_equals_plain_greedy_at_the_same_precision_on_the_default(default, early_layers_draft,
-                                                                               precision):
+def test_every_drafter_equals_plain_greedy_at_the_same_precision_on_the_default(default, early_layers_draft, precision):
     plain = default.with_method("none", precision=precision)
     # prompt-lookup drafts every step: its cost model chose K = 0 throughout at bf16 on a CI machine.
-    decoders = [default.with_method("prompt-lookup", 3, precision=precision, draft_length="fixed"),
-                default.with_method("lookahead", 3, precision=precision),
-                default.with_method("medusa", 3, precision=precision),
-                default.with_method("eagle", 4, precision=precision),
-                default.with_method("self-spec", 3, precision=precision, layers=list(range(9)) + [12, 16, 20, 24, 28, 29]),
-                quickdraft.Decoder(default.target, early_layers_draft, "draft", 3, precision=precision)]
+    decoders = [
+        default.with_method("prompt-lookup", 3, precision=precision, draft_length="fixed"),
+        default.with_method("lookahead", 3, precision=precision),
+        default.with_method("medusa", 3, precision=precision),
+        default.with_method("eagle", 4, precision=precision),
+        default.with_method("self-spec", 3, precision=precision, layers=list(range(9)) + [12, 16, 20, 24, 28, 29]),
+        quickdraft.Decoder(default.target, early_layers_draft, "draft", 3, precision=precision),
+    ]
     outputs = {decoder.method: [] for decoder in decoders}
     for prompt in PROMPTS:
         reference = plain.generate(prompt, max_new_tokens=30).token_ids

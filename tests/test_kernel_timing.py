@@ -9,18 +9,22 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from quickdraft import Decoder
-from quickdraft.backends.hf import HFBackend
-from quickdraft.backends.kernel_timing import (ROW_GRID, fastest_at_or_above, measure_pad_sizes, measure_pass_costs,
-                                              measure_row_kernels)
-from quickdraft.backends.native import NativeBackend
-from quickdraft.models.linear import Kernel, apply_linear
-from quickdraft.models.native_weights import NativeWeights
-
 from conftest import loaded, tiny_llama
 from seq_util import Seq
 from spec_util import LOOPING, assert_speculated
+
+from quickdraft import Decoder
+from quickdraft.backends.hf import HFBackend
+from quickdraft.backends.kernel_timing import (
+    ROW_GRID,
+    fastest_at_or_above,
+    measure_pad_sizes,
+    measure_pass_costs,
+    measure_row_kernels,
+)
+from quickdraft.backends.native import NativeBackend
+from quickdraft.models.linear import Kernel, apply_linear
+from quickdraft.models.native_weights import NativeWeights
 
 KERNELS = [Kernel(True, 0), Kernel(False, 0), Kernel(True, 16), Kernel(False, 12)]
 
@@ -65,16 +69,19 @@ def test_the_row_kernels_are_measured_once_then_read_from_their_file(tmp_path):
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
 def test_forced_row_kernels_change_no_logit_and_no_token(tiny_target, precision):
     weights = NativeWeights.from_model(tiny_target, precision)
-    plain, padded = NativeBackend(weights, "t"), NativeBackend(weights, "t", row_kernels={n: Kernel(False, 16)
-                                                                                            for n in range(1, 17)})
+    plain, padded = (
+        NativeBackend(weights, "t"),
+        NativeBackend(weights, "t", row_kernels={n: Kernel(False, 16) for n in range(1, 17)}),
+    )
     tokens = [5, 1, 4, 1, 5, 9, 2, 6]
     for n in (1, 3, 8):
         a, b = Seq(plain).forward(tokens[:n]), Seq(padded).forward(tokens[:n])
         assert torch.equal(a, b) if precision == "int4" else torch.allclose(a, b, atol=1e-5)
     target = loaded(tiny_target, "t")
     reference = Decoder(target, None, "none", precision=precision, measure_shapes=False)
-    decoder = Decoder(target, None, "prompt-lookup", 4, precision=precision, measure_shapes=False,
-                      draft_length="fixed")  # drafts every step: verify passes of several rows
+    decoder = Decoder(
+        target, None, "prompt-lookup", 4, precision=precision, measure_shapes=False, draft_length="fixed"
+    )  # drafts every step: verify passes of several rows
     decoder.target_backend.row_kernels = padded.row_kernels  # this decoder's backend (not shared: measure_shapes=False)
     prompt = LOOPING  # drafts get accepted: passes of several rows decide tokens
     out = decoder.generate(prompt, 30)
@@ -91,8 +98,11 @@ def test_the_transformers_backend_pads_passes_and_keeps_its_cache_exact(tiny_tar
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # a tree pass, padded too
     mask = torch.cat([torch.ones(3, a.length, dtype=torch.bool), tree], dim=1)
     positions = [a.length, a.length + 1, a.length + 1]
-    assert torch.allclose(a.forward([3, 4, 5], positions=positions, mask=mask),
-                          b.forward([3, 4, 5], positions=positions, mask=mask), atol=1e-5)
+    assert torch.allclose(
+        a.forward([3, 4, 5], positions=positions, mask=mask),
+        b.forward([3, 4, 5], positions=positions, mask=mask),
+        atol=1e-5,
+    )
     sizes = measure_pad_sizes(plain, tmp_path, progress=False)
     assert all(size > n for n, size in sizes.items()) and list(tmp_path.glob("*.json"))
 
@@ -109,7 +119,9 @@ def test_trees_read_in_place_only_below_fp32_where_the_check_passed_and_it_is_ca
     expected = trees_read_in_place(bf16.heads, bf16.kv_heads, bf16.head_dim)
     assert check_in_place_trees(bf16, tmp_path) is expected
     (saved,) = tmp_path.glob("*.json")
-    saved.write_text(saved.read_text().replace(f'"choice": {str(expected).lower()}', f'"choice": {str(not expected).lower()}'))
+    saved.write_text(
+        saved.read_text().replace(f'"choice": {str(expected).lower()}', f'"choice": {str(not expected).lower()}')
+    )
     assert check_in_place_trees(bf16, tmp_path) is (not expected)  # read back, not checked again
 
 

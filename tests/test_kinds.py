@@ -18,8 +18,14 @@ from quickdraft.backends.select import choose_backend, draft_backend
 from quickdraft.errors import QuickdraftError
 from quickdraft.options import OPTION
 
-LLAMA = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2)
+LLAMA = LlamaConfig(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 GPT2 = GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4)
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # a device object is planned for, not checked present
 FILE = Path("model.gguf")  # only whether a target is a GGUF file is read
@@ -27,8 +33,7 @@ FILE = Path("model.gguf")  # only whether a target is a GGUF file is read
 
 def test_the_options_and_the_cli_take_their_choices_from_the_specs():
     assert OPTION["backend"].choices == BACKENDS == ("auto", NATIVE, HF, LLAMA_CPP, STATIC)
-    assert set(OPTION["precision"].choices) == set(all_precisions()) == {"fp32", "bf16", "int8", "int4", "fp16",
-                                                                          GGUF}
+    assert set(OPTION["precision"].choices) == set(all_precisions()) == {"fp32", "bf16", "int8", "int4", "fp16", GGUF}
     assert TRAITS[LLAMA_CPP].shared_kv and not TRAITS[LLAMA_CPP].inner_layers and TRAITS[STATIC].rows == 64
 
 
@@ -61,14 +66,22 @@ def test_auto_on_a_gguf_file_asks_for_the_verdict_only_where_it_times_one():
     asked = []
 
     def verdict(llama_cpp: bool):
-        return lambda: asked.append(llama_cpp) or BackendChoice(llama_cpp, "native: planted" if not llama_cpp
-                                                                else "llama.cpp: planted")
+        return lambda: (
+            asked.append(llama_cpp)
+            or BackendChoice(llama_cpp, "native: planted" if not llama_cpp else "llama.cpp: planted")
+        )
 
     assert choose_backend(LLAMA, FILE, "m", device=CPU, verdict=verdict(True))[:2] == (LLAMA_CPP, GGUF)
     assert choose_backend(LLAMA, FILE, "m", device=CPU, verdict=verdict(False)) == (NATIVE, "fp32", "native: planted")
     assert asked == [True, False]
-    big = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=8)  # an 8B shape: its fp32 copy is 32 GB
+    big = LlamaConfig(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+    )  # an 8B shape: its fp32 copy is 32 GB
     untimed = choose_backend(big, FILE, "8b", device=CPU, verdict=verdict(False))
     assert untimed.kind == LLAMA_CPP and "not timed against native" in untimed.reason and asked == [True, False]
     assert choose_backend(LLAMA, FILE, "m", precision="int4", device=CPU).kind == NATIVE
@@ -80,21 +93,29 @@ def test_an_asked_for_backend_says_in_one_line_why_it_cannot_run_this():
     cases = [
         (dict(kind=NATIVE, config=GPT2), "the native backend supports .*'gpt2'"),
         (dict(kind=STATIC, precision="int4"), "the static backend computes at fp32, bf16, not int4"),
-        (dict(kind=HF, precision="int8"), "the hf backend computes at fp32, bf16, fp16, not int8; use the native "
-                                          "backend"),
+        (
+            dict(kind=HF, precision="int8"),
+            "the hf backend computes at fp32, bf16, fp16, not int8; use the native backend",
+        ),
         (dict(kind=NATIVE, precision=GGUF), "precision gguf is the llama.cpp backend's"),
         (dict(kind="fast"), "unknown backend 'fast'"),
     ]
     if llama_cpp_installed():
-        cases += [(dict(kind=LLAMA_CPP), "runs GGUF files; 'm' was not loaded from one"),
-                  (dict(kind=LLAMA_CPP, gguf=FILE, precision="int4"), "GGUF file's own types"),
-                  (dict(kind=LLAMA_CPP, gguf=FILE, device=CUDA), "runs on cpu here, not on cuda"),
-                  (dict(kind=LLAMA_CPP, gguf=FILE, inner_layers=True), "inner layers")]
+        cases += [
+            (dict(kind=LLAMA_CPP), "runs GGUF files; 'm' was not loaded from one"),
+            (dict(kind=LLAMA_CPP, gguf=FILE, precision="int4"), "GGUF file's own types"),
+            (dict(kind=LLAMA_CPP, gguf=FILE, device=CUDA), "runs on cpu here, not on cuda"),
+            (dict(kind=LLAMA_CPP, gguf=FILE, inner_layers=True), "inner layers"),
+        ]
     for given, message in cases:
         setting = {"config": LLAMA, "gguf": None, "device": CPU} | given
         with pytest.raises(QuickdraftError, match=message):
             choose_backend(setting.pop("config"), setting.pop("gguf"), "m", **setting)
-    assert choose_backend(LLAMA, None, "m", NATIVE, device=CPU) == (NATIVE, "fp32", "native: asked for (backend=native)")
+    assert choose_backend(LLAMA, None, "m", NATIVE, device=CPU) == (
+        NATIVE,
+        "fp32",
+        "native: asked for (backend=native)",
+    )
 
 
 def test_a_draft_runs_beside_its_target_where_it_can():
@@ -115,14 +136,17 @@ def test_a_draft_runs_beside_its_target_where_it_can():
 def test_plan_and_the_loader_choose_the_same_backend(tmp_path, capsys, verdict):
     from quickdraft import Decoder
     from quickdraft.backends.select import choice_signature, shapes_folder
-    from quickdraft.measured import write_choice
     from quickdraft.cli import planned_choice
+    from quickdraft.measured import write_choice
     from quickdraft.memory import read_shape
     from quickdraft.models.loading import load_model
 
     loaded = load_model(None, cache_dir=tmp_path)
-    write_choice(shapes_folder(tmp_path), choice_signature(loaded.gguf, "fp32"),
-                 asdict(BackendChoice(verdict, "planted", llama_cpp_ms=10.0, native_ms=20.0 if verdict else 5.0)))
+    write_choice(
+        shapes_folder(tmp_path),
+        choice_signature(loaded.gguf, "fp32"),
+        asdict(BackendChoice(verdict, "planted", llama_cpp_ms=10.0, native_ms=20.0 if verdict else 5.0)),
+    )
     planned = planned_choice(read_shape(None), "auto", None, "cpu", tmp_path)
     decoder = Decoder(loaded, None, "none", cache_dir=tmp_path)
     assert (planned.kind, planned.precision) == (decoder.backend_kind, decoder.precision)

@@ -13,29 +13,32 @@ import httpx
 import openai
 import pytest
 import torch
+from heads_util import eagle1_head
+from spec_util import assert_speculated, real_vocab_rate
 
 import quickdraft
 from quickdraft import Decoder
 from quickdraft.backends.backend import SeqPass
 from quickdraft.backends.llama_cpp import DEFAULT_CELLS, LlamaCppBackend, llama_cpp_installed
 from quickdraft.backends.select import make_backend
-from quickdraft.measured import read_choice
 from quickdraft.errors import QuickdraftError
+from quickdraft.measured import read_choice
 from quickdraft.models import default_gguf_path
 from quickdraft.models.loading import file_key, load_model
 from quickdraft.serve import create_app
 from quickdraft.serve.background import BackgroundServer
 from quickdraft.tree import pass_layout
-from heads_util import eagle1_head
-from spec_util import assert_speculated, real_vocab_rate
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not llama_cpp_installed(),
-                                 reason="llama-cpp-python is not installed (./setup.sh builds it)")]
-PROMPTS = ["Write a Python function that checks whether a number is prime.",
-           "Summarize in two sentences: The city council met on Tuesday to discuss the new park. Residents "
-           "asked for more trees and a playground. The council agreed to plant forty trees and to build the "
-           "playground next spring, paid for by the parks budget."]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not llama_cpp_installed(), reason="llama-cpp-python is not installed (./setup.sh builds it)"),
+]
+PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "Summarize in two sentences: The city council met on Tuesday to discuss the new park. Residents "
+    "asked for more trees and a playground. The council agreed to plant forty trees and to build the "
+    "playground next spring, paid for by the parks budget.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +141,12 @@ def test_logits_match_the_native_int4_backend(decoder, backend):
     ours = backend.forward([SeqPass(backend.new_cache(), ids)])[0].logits  # [n, V]
     theirs = native.forward([SeqPass(native.new_cache(), ids)])[0].logits
     agree = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
-    kl = torch.nn.functional.kl_div(ours.log_softmax(-1), theirs.log_softmax(-1), log_target=True,
-                                    reduction="none").sum(-1).mean().item()
+    kl = (
+        torch.nn.functional.kl_div(ours.log_softmax(-1), theirs.log_softmax(-1), log_target=True, reduction="none")
+        .sum(-1)
+        .mean()
+        .item()
+    )
     assert agree >= 0.9 and kl < 0.05, (agree, kl)
 
 
@@ -227,17 +234,24 @@ def test_hidden_states_are_the_final_norms_output(decoder, backend):
     assert torch.nn.functional.cosine_similarity(ours, theirs, dim=-1).min() > 0.98
 
 
-@pytest.mark.parametrize("method", [
-    "prompt-lookup",  # the cost model's K, which may be 0 throughout where passes are dear: exactness only
-    *(pytest.param(m, marks=pytest.mark.speculation)
-      for m in ("prompt-lookup:draft_length=fixed", "self-spec", "draft", "lookahead", "eagle-1", "medusa"))])
+@pytest.mark.parametrize(
+    "method",
+    [
+        "prompt-lookup",  # the cost model's K, which may be 0 throughout where passes are dear: exactness only
+        *(
+            pytest.param(m, marks=pytest.mark.speculation)
+            for m in ("prompt-lookup:draft_length=fixed", "self-spec", "draft", "lookahead", "eagle-1", "medusa")
+        ),
+    ],
+)
 def test_greedy_speculation_equals_plain_decoding(decoder, method, tmp_path):
     """Exact by construction for one sequence: rows do not depend on the pass, and every kept token
     sits in cells in position order (a kept tree branch off the first chain is decoded again)."""
     draft = load_model(default_gguf_path()) if method == "draft" else None  # its own llama.cpp context
     options = {"head": str(eagle1_head(decoder.target, tmp_path))} if method == "eagle-1" else {}
-    speculative = quickdraft.Decoder(decoder.target, draft, method.removesuffix("-1"), measure_shapes=False,
-                                     backend="llama.cpp", **options)
+    speculative = quickdraft.Decoder(
+        decoder.target, draft, method.removesuffix("-1"), measure_shapes=False, backend="llama.cpp", **options
+    )
     outputs = []
     for prompt in PROMPTS:
         plain = decoder.generate(prompt, max_new_tokens=40)
@@ -276,15 +290,24 @@ def test_the_server_runs_on_this_backend(decoder):
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
         expected = decoder.generate(PROMPTS[0], 24, chat=False)
-        whole = client.completions.create(model=decoder.target.name, prompt=PROMPTS[0], max_tokens=24,
-                                          temperature=0, extra_body={"quickdraft": {"method": "prompt-lookup"}})
+        whole = client.completions.create(
+            model=decoder.target.name,
+            prompt=PROMPTS[0],
+            max_tokens=24,
+            temperature=0,
+            extra_body={"quickdraft": {"method": "prompt-lookup"}},
+        )
         assert whole.choices[0].text == expected.text
         results: dict[int, str] = {}
 
         def stream(index: int) -> None:
-            pieces = client.chat.completions.create(model=decoder.target.name, max_tokens=16, temperature=0,
-                                                    messages=[{"role": "user", "content": PROMPTS[index % 2]}],
-                                                    stream=True)
+            pieces = client.chat.completions.create(
+                model=decoder.target.name,
+                max_tokens=16,
+                temperature=0,
+                messages=[{"role": "user", "content": PROMPTS[index % 2]}],
+                stream=True,
+            )
             results[index] = "".join(p.choices[0].delta.content or "" for p in pieces)
 
         threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
@@ -295,8 +318,11 @@ def test_the_server_runs_on_this_backend(decoder):
         assert len(results) == 3 and all(results.values())
         # They were decoded in batched passes (several sequences in one llama.cpp context). Their
         # texts are not compared: a sequence freeing cells under another's changes rounding there.
-        metrics = dict(line.rsplit(" ", 1) for line in httpx.get(server.url + "/metrics").text.splitlines()
-                       if line.startswith("quickdraft_batch_size_"))
+        metrics = dict(
+            line.rsplit(" ", 1)
+            for line in httpx.get(server.url + "/metrics").text.splitlines()
+            if line.startswith("quickdraft_batch_size_")
+        )
         assert float(metrics["quickdraft_batch_size_sum"]) > float(metrics["quickdraft_batch_size_count"])
     finally:
         server.stop()

@@ -7,7 +7,6 @@ from quickdraft import QuickdraftError
 from quickdraft.models.loading import load_model
 
 
-
 def test_missing_path_is_a_one_line_error(tmp_path):
     with pytest.raises(QuickdraftError, match="no such file or folder") as info:
         load_model(str(tmp_path / "missing-model"))
@@ -48,8 +47,11 @@ def test_a_truncated_gguf_names_the_tensor_and_leaves_no_cache(random_ggufs, tmp
     whole = random_ggufs["llama", "F32"].read_bytes()
     path = tmp_path / "cut.gguf"
     path.write_bytes(whole[: len(whole) * 2 // 3])
-    with pytest.raises(QuickdraftError, match=r"could not read GGUF file .*cut.gguf: the file ends inside tensor "
-                                              r"\S+ \(bytes .*truncated") as info:
+    with pytest.raises(
+        QuickdraftError,
+        match=r"could not read GGUF file .*cut.gguf: the file ends inside tensor "
+        r"\S+ \(bytes .*truncated",
+    ) as info:
         load_model(str(path), cache_dir=tmp_path / "cache")
     assert "\n" not in str(info.value)
     assert not (tmp_path / "cache" / "converted").exists() or not any((tmp_path / "cache" / "converted").iterdir())
@@ -59,7 +61,7 @@ def test_an_unknown_tensor_type_names_the_tensor(random_ggufs, tmp_path):
     data = bytearray(random_ggufs["llama", "F32"].read_bytes())
     name = b"output_norm.weight"
     at = data.index(name) + len(name) + 4 + 8  # past its dimension count and its one dimension: its type
-    data[at:at + 4] = (99).to_bytes(4, "little")
+    data[at : at + 4] = (99).to_bytes(4, "little")
     path = tmp_path / "odd.gguf"
     path.write_bytes(bytes(data))
     with pytest.raises(QuickdraftError, match=r"odd.gguf: tensor output_norm.weight has ggml type 99"):
@@ -74,11 +76,11 @@ def test_a_hub_id_that_cannot_be_fetched_is_a_one_line_error(monkeypatch):
 
 
 def test_the_hf_backend_builds_the_checkpoint_in_its_own_dtype_and_another_only_when_asked(tmp_path, tiny_target):
+    import copy
+
     import torch
 
     from quickdraft.memory import plan_memory, read_shape
-
-    import copy
 
     folder = tmp_path / "tiny-bf16"
     copy.deepcopy(tiny_target).to(torch.bfloat16).save_pretrained(folder)  # on disk in bf16 (the fixture untouched)
@@ -103,9 +105,15 @@ def test_the_hf_backend_builds_the_checkpoint_in_its_own_dtype_and_another_only_
     model = target.built[torch.bfloat16]
     for prompt in ([3, 1, 4, 1, 5], [7, 7, 2, 7, 7, 2, 7]):
         ids = torch.tensor([prompt])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
-                             output_scores=True, return_dict_in_generate=True)
-        expected, scores = out.sequences[0, len(prompt):].tolist(), [s[0].float() for s in out.scores]
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=12,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        expected, scores = out.sequences[0, len(prompt) :].tolist(), [s[0].float() for s in out.scores]
         for decoder in (own, quickdraft.Decoder(target, None, "prompt-lookup", 3, backend="hf", draft_length="fixed")):
             made = decoder.generate(prompt, max_new_tokens=12).token_ids
             first = next((i for i, (a, b) in enumerate(zip(made, expected)) if a != b), None)

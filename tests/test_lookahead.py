@@ -2,28 +2,30 @@
 
 import pytest
 import torch
+from conftest import loaded
+from spec_util import assert_speculated
 
 from quickdraft import Decoder, QuickdraftError
 from quickdraft.drafters.drafter import DraftRequest, StepOutcome
 from quickdraft.drafters.lookahead import LookaheadDrafter, window_layout
 from quickdraft.sampling import SamplingParams
 
-from conftest import loaded
-from spec_util import assert_speculated
-
 
 def test_window_layout_for_two_levels_of_three():
     mask, offsets = window_layout(window=3, levels=2)
     # level-major: (0,0) (0,1) (0,2) (1,0) (1,1) (1,2)
     assert offsets == [1, 2, 3, 2, 3, 4]
-    expected = torch.tensor([
-        [1, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0],
-        [1, 1, 1, 0, 0, 0],
-        [1, 0, 0, 1, 0, 0],  # (1,0): its column below it, itself
-        [1, 1, 0, 0, 1, 0],  # (1,1): level 0 column 0, its column, itself
-        [1, 1, 1, 0, 0, 1],
-    ], dtype=torch.bool)
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [1, 0, 0, 1, 0, 0],  # (1,0): its column below it, itself
+            [1, 1, 0, 0, 1, 0],  # (1,1): level 0 column 0, its column, itself
+            [1, 1, 1, 0, 0, 1],
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(mask, expected)
 
 
@@ -47,8 +49,10 @@ def test_pool_collects_ngrams_and_window_slides():
     assert len(draft.aux_tokens) == 4 and draft.aux_mask.shape == (4, 4)
     assert drafter.propose([DraftRequest(state, [5, 10], 1, SamplingParams(), torch.Generator())])[0].tokens == [12]
     other = drafter.begin([1, 2], None)  # the drafter holds no sequence's state: another one starts empty
-    assert other.pool == {} and drafter.propose([DraftRequest(other, [5, 10], 2, SamplingParams(),
-                                                               torch.Generator())])[0].tokens == []
+    assert (
+        other.pool == {}
+        and drafter.propose([DraftRequest(other, [5, 10], 2, SamplingParams(), torch.Generator())])[0].tokens == []
+    )
 
 
 def test_bad_settings_are_refused():
@@ -63,8 +67,7 @@ def test_bad_settings_are_refused():
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_lookahead_greedy_equals_plain(tiny_target, window, ngram, candidates, k):
     plain = Decoder(loaded(tiny_target, "t"), None, "none")
-    spec = Decoder(loaded(tiny_target, "t"), None, "lookahead", k, window=window, ngram=ngram,
-                   candidates=candidates)
+    spec = Decoder(loaded(tiny_target, "t"), None, "lookahead", k, window=window, ngram=ngram, candidates=candidates)
     outputs = []
     for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9]):
         out = spec.generate(prompt, max_new_tokens=45)
@@ -84,8 +87,9 @@ def test_lookahead_greedy_equals_plain(tiny_target, window, ngram, candidates, k
 def test_sampled_lookahead_follows_target_after_the_pool_fills():
     # Steps after the first verify pool n-grams as token trees; check the joint of tokens 2 and 3.
     from conftest import tiny_llama
-    from quickdraft.sampling import logits_to_probs
     from stats_util import chi_square_p_value
+
+    from quickdraft.sampling import logits_to_probs
 
     vocab, runs = 6, 2000
     target = tiny_llama(seed=3, vocab=vocab, init_range=0.25)

@@ -28,13 +28,30 @@ from quickdraft.memory import (
 )
 from quickdraft.models.loading import LoadedModel, load_model
 
-CASES = [("native", "fp32"), ("native", "bf16"), ("native", "int8"), ("native", "int4"), ("static", "fp32"),
-         ("static", "bf16"), ("hf", "fp32")]
+CASES = [
+    ("native", "fp32"),
+    ("native", "bf16"),
+    ("native", "int8"),
+    ("native", "int4"),
+    ("static", "fp32"),
+    ("static", "bf16"),
+    ("hf", "fp32"),
+]
 
 
 def small_config(tied: bool, **sizes) -> LlamaConfig:
-    values = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
-                  num_key_value_heads=2, max_position_embeddings=512) | sizes
+    values = (
+        dict(
+            vocab_size=4096,
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+        )
+        | sizes
+    )
     return LlamaConfig(**values, tie_word_embeddings=tied, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
@@ -47,10 +64,13 @@ def test_the_plan_from_shapes_equals_the_bytes_a_loaded_decoder_holds(tied, tmp_
     shape = shape_from_config(config)
     assert shape.params == sum(p.numel() for p in model.parameters())
     for backend, precision in CASES:
-        decoder = Decoder(load_model(tmp_path / "m"), None, "none", backend=backend, precision=precision,
-                          measure_shapes=False)
-        held, planned = loaded_memory(decoder, max_batch=3), plan_memory(shape, backend=backend, precision=precision,
-                                                                         max_batch=3)
+        decoder = Decoder(
+            load_model(tmp_path / "m"), None, "none", backend=backend, precision=precision, measure_shapes=False
+        )
+        held, planned = (
+            loaded_memory(decoder, max_batch=3),
+            plan_memory(shape, backend=backend, precision=precision, max_batch=3),
+        )
         assert held.target_weights == pytest.approx(planned.target_weights, rel=0.01), (backend, precision)
         assert held.transformers_copy == planned.transformers_copy == 0  # only the hf backend builds one
         assert (held.kv_per_token, held.kv_per_sequence) == (planned.kv_per_token, planned.kv_per_sequence)
@@ -100,12 +120,25 @@ MEASURE = textwrap.dedent("""
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm and glibc's malloc_trim")
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "int4"])
 def test_the_plan_agrees_with_what_the_process_allocates(precision, tmp_path):
-    sizes = dict(vocab_size=16384, hidden_size=768, intermediate_size=2048, num_hidden_layers=6, num_attention_heads=12,
-                 num_key_value_heads=4, max_position_embeddings=1024, tie_word_embeddings=False)
+    sizes = dict(
+        vocab_size=16384,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)  # test-only: reproducible random weights
     LlamaForCausalLM(LlamaConfig(**sizes)).save_pretrained(tmp_path / "m")
-    run = subprocess.run([sys.executable, "-c", MEASURE, "native", precision, str(tmp_path / "m")], capture_output=True,
-                         text=True, timeout=600, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    run = subprocess.run(
+        [sys.executable, "-c", MEASURE, "native", precision, str(tmp_path / "m")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     measured = json.loads(run.stdout.strip().splitlines()[-1])
     plan = plan_memory(shape_from_config(LlamaConfig(**sizes)), backend="native", precision=precision)
@@ -115,13 +148,28 @@ def test_the_plan_agrees_with_what_the_process_allocates(precision, tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_the_plan_agrees_with_cudas_allocator():
-    config = small_config(False, vocab_size=32768, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
-                          num_key_value_heads=4, num_attention_heads=16, max_position_embeddings=2048)
+    config = small_config(
+        False,
+        vocab_size=32768,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=8,
+        num_key_value_heads=4,
+        num_attention_heads=16,
+        max_position_embeddings=2048,
+    )
     model = LlamaForCausalLM(config).eval()
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    decoder = Decoder(LoadedModel.of(model, None, "m"), None, "none", device="cuda", backend="static",
-                      precision="bf16", measure_shapes=False)
+    decoder = Decoder(
+        LoadedModel.of(model, None, "m"),
+        None,
+        "none",
+        device="cuda",
+        backend="static",
+        precision="bf16",
+        measure_shapes=False,
+    )
     torch.cuda.synchronize()
     plan = plan_memory(shape_from_config(config), backend="static", precision="bf16", device="cuda")
     pool = 2 * plan.kv_per_sequence  # the pool starts with two sequence slots
@@ -167,10 +215,27 @@ def test_the_default_targets_gguf_header_gives_its_config_shape():
 
     from_header = read_shape(None)
     from_config = shape_from_config(load_model(None).model.config)
-    assert (from_header.layers, from_header.hidden, from_header.intermediate, from_header.heads, from_header.kv_heads,
-            from_header.head_dim, from_header.vocab, from_header.context, from_header.tied) == \
-           (from_config.layers, from_config.hidden, from_config.intermediate, from_config.heads, from_config.kv_heads,
-            from_config.head_dim, from_config.vocab, from_config.context, from_config.tied)
+    assert (
+        from_header.layers,
+        from_header.hidden,
+        from_header.intermediate,
+        from_header.heads,
+        from_header.kv_heads,
+        from_header.head_dim,
+        from_header.vocab,
+        from_header.context,
+        from_header.tied,
+    ) == (
+        from_config.layers,
+        from_config.hidden,
+        from_config.intermediate,
+        from_config.heads,
+        from_config.kv_heads,
+        from_config.head_dim,
+        from_config.vocab,
+        from_config.context,
+        from_config.tied,
+    )
     from quickdraft.models import default_gguf_path
 
     assert shape_from_gguf(default_gguf_path()).file_bytes > 90_000_000

@@ -2,24 +2,31 @@
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
-
-from quickdraft import Decoder, QuickdraftError
-from quickdraft.models.loading import LoadedModel
-from quickdraft.backends.hf import HFBackend
-from quickdraft.backends.select import make_backend
-from quickdraft.models.native_weights import NativeWeights, supports
-from quickdraft.tree import tree_mask
-
 from conftest import loaded, tiny_llama
 from seq_util import hf, native
 from spec_util import LOOPING, assert_speculated
+from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
+from quickdraft import Decoder, QuickdraftError
+from quickdraft.backends.hf import HFBackend
+from quickdraft.backends.select import make_backend
+from quickdraft.models.loading import LoadedModel
+from quickdraft.models.native_weights import NativeWeights, supports
+from quickdraft.tree import tree_mask
 
 
 def tiny_qwen2(seed: int = 4) -> Qwen2ForCausalLM:
-    config = Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         initializer_range=0.3, tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=0.3,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(seed)  # test-only: reproducible random weights
     model = Qwen2ForCausalLM(config).eval()
     with torch.no_grad():
@@ -29,8 +36,11 @@ def tiny_qwen2(seed: int = 4) -> Qwen2ForCausalLM:
     return model
 
 
-MODELS = {"llama": lambda: tiny_llama(seed=1), "qwen2": tiny_qwen2,
-          "llama-mha-tied": lambda: tiny_llama(seed=2, layers=3)}
+MODELS = {
+    "llama": lambda: tiny_llama(seed=1),
+    "qwen2": tiny_qwen2,
+    "llama-mha-tied": lambda: tiny_llama(seed=2, layers=3),
+}
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -129,7 +139,9 @@ def test_bf16_logits_stay_close_to_fp32(tiny_target):
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.9
     # Decoding runs end to end at bf16 (exact equality with plain bf16 decoding is not promised:
     # bf16 rounding depends on how many tokens share a pass; see the README).
-    out = Decoder(loaded(tiny_target, "t"), None, "prompt-lookup", 3, precision="bf16").generate([1, 2, 3], max_new_tokens=20)
+    out = Decoder(loaded(tiny_target, "t"), None, "prompt-lookup", 3, precision="bf16").generate(
+        [1, 2, 3], max_new_tokens=20
+    )
     assert len(out.token_ids) == 20
 
 
@@ -169,12 +181,22 @@ def tiny_gemma3(seed: int = 0):
     """A small Gemma 3 with sliding layers (window 6) around a full one, norms away from their zero start."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    config = Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=6,
-                              max_position_embeddings=128, query_pre_attn_scalar=8,
-                              layer_types=["sliding_attention", "sliding_attention", "full_attention",
-                                           "sliding_attention"], bos_token_id=None, eos_token_id=None,
-                              pad_token_id=None)
+    config = Gemma3TextConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=6,
+        max_position_embeddings=128,
+        query_pre_attn_scalar=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     torch.manual_seed(seed)  # test-only: reproducible random weights
     model = Gemma3ForCausalLM(config).eval()
     with torch.no_grad():
@@ -205,8 +227,12 @@ def test_gemma3_speculation_equals_plain_greedy_and_transformers():
     reference = plain.generate(prompt, max_new_tokens=30).token_ids
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=30, min_new_tokens=30, do_sample=False)
-    assert reference == out[0, len(prompt):].tolist()
-    for method, options in (("prompt-lookup", {"draft_length": "fixed"}), ("lookahead", {}), ("self-spec", {"layers": 2})):
+    assert reference == out[0, len(prompt) :].tolist()
+    for method, options in (
+        ("prompt-lookup", {"draft_length": "fixed"}),
+        ("lookahead", {}),
+        ("self-spec", {"layers": 2}),
+    ):
         spec = Decoder(target, None, method, 4, measure_shapes=False, **options)
         out = spec.generate(prompt, max_new_tokens=30)
         assert out.token_ids == reference, method
@@ -216,8 +242,9 @@ def test_gemma3_speculation_equals_plain_greedy_and_transformers():
 def test_gemma3_below_fp32_and_on_the_static_backend_is_refused_or_goes_to_transformers():
     model = tiny_gemma3()
     with pytest.raises(QuickdraftError, match="Gemma 3 runs on the native backend at fp32"):
-        Decoder(LoadedModel.of(model, None, "gemma"), None, "none", backend="native", precision="bf16",
-                measure_shapes=False)
+        Decoder(
+            LoadedModel.of(model, None, "gemma"), None, "none", backend="native", precision="bf16", measure_shapes=False
+        )
     with pytest.raises(QuickdraftError, match="static backend supports"):
         Decoder(LoadedModel.of(model, None, "gemma"), None, "none", backend="static", measure_shapes=False)
     assert supports(model.config) and supports(model.config, "fp32") and not supports(model.config, "bf16")

@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import fields
 
 import pytest
+from conftest import loaded
 
 from quickdraft import Decoder, QuickdraftError
 from quickdraft.cli import build_parser, given_options
 from quickdraft.methods import METHODS, MethodConfig, configure
 from quickdraft.options import MAX_K, OPTION, OPTIONS, parse_spec
-
-from conftest import loaded
 
 
 def test_every_option_has_help_and_a_default_its_own_check_accepts():
@@ -20,21 +19,24 @@ def test_every_option_has_help_and_a_default_its_own_check_accepts():
     assert len({option.flag for option in OPTIONS}) == len(OPTIONS)
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"k": 0}, "k must be in 1..64, got 0"),
-    ({"k": MAX_K + 1}, "k must be in 1..64"),
-    ({"k": 1180591620717411303424}, "k must be in 1..64"),
-    ({"k": 2.5}, "k must be an integer"),
-    ({"k_max": 10**9}, "k_max must be in 1..64"),
-    ({"draft_length": "sometimes"}, "unknown draft_length 'sometimes'"),
-    ({"confidence": 1.0}, r"confidence must be in \(0, 1\)"),
-    ({"confidence": float("nan")}, "confidence must be"),
-    ({"precision": "fp8"}, "unknown precision 'fp8'"),
-    ({"device": "tpu"}, "unknown device 'tpu'"),
-    ({"backend": "fast"}, "unknown backend 'fast'"),
-    ({"colour": "red"}, "unknown option 'colour'"),
-    ({"tree_nodes": 4}, "does not apply to method 'prompt-lookup'"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"k": 0}, "k must be in 1..64, got 0"),
+        ({"k": MAX_K + 1}, "k must be in 1..64"),
+        ({"k": 1180591620717411303424}, "k must be in 1..64"),
+        ({"k": 2.5}, "k must be an integer"),
+        ({"k_max": 10**9}, "k_max must be in 1..64"),
+        ({"draft_length": "sometimes"}, "unknown draft_length 'sometimes'"),
+        ({"confidence": 1.0}, r"confidence must be in \(0, 1\)"),
+        ({"confidence": float("nan")}, "confidence must be"),
+        ({"precision": "fp8"}, "unknown precision 'fp8'"),
+        ({"device": "tpu"}, "unknown device 'tpu'"),
+        ({"backend": "fast"}, "unknown backend 'fast'"),
+        ({"colour": "red"}, "unknown option 'colour'"),
+        ({"tree_nodes": 4}, "does not apply to method 'prompt-lookup'"),
+    ],
+)
 def test_bad_settings_are_refused_with_the_option_named(settings, message):
     with pytest.raises(QuickdraftError, match=message) as caught:
         configure("prompt-lookup", False, **settings)
@@ -71,8 +73,9 @@ def test_methods_take_their_defaults_from_one_place():
 def test_a_spec_the_cli_and_keywords_give_the_same_configuration():
     spec = configure("prompt-lookup:k=4,max_ngram=5,draft_length=fixed", False)
     keywords = configure("prompt-lookup", False, k=4, max_ngram=5, draft_length="fixed")
-    args = build_parser().parse_args(["generate", "hi", "--method", "prompt-lookup", "--k", "4", "--max-ngram", "5",
-                                      "--draft-length", "fixed"])
+    args = build_parser().parse_args(
+        ["generate", "hi", "--method", "prompt-lookup", "--k", "4", "--max-ngram", "5", "--draft-length", "fixed"]
+    )
     cli = configure(args.method, False, **given_options(args))
     assert spec.settings() == keywords.settings() == cli.settings()
     assert spec.label() == "prompt-lookup:k=4,max_ngram=5,draft_length=fixed"
@@ -103,10 +106,14 @@ def test_cli_flags_come_from_the_declaration_and_check_their_values(capsys):
 
 def test_specs_expand_for_sweeps_and_check_each_value():
     assert [label for label, _, _ in parse_spec("lookahead:k=1/2,window=3", expand=True)] == [
-        "lookahead:k=1,window=3", "lookahead:k=2,window=3"]
+        "lookahead:k=1,window=3",
+        "lookahead:k=2,window=3",
+    ]
     # a path keeps its slashes: only the tree sweeps here
     assert [s for _, _, s in parse_spec("eagle:head=runs/eagle3,tree_nodes=4/16", expand=True)] == [
-        {"head": "runs/eagle3", "tree_nodes": 4}, {"head": "runs/eagle3", "tree_nodes": 16}]
+        {"head": "runs/eagle3", "tree_nodes": 4},
+        {"head": "runs/eagle3", "tree_nodes": 16},
+    ]
     with pytest.raises(QuickdraftError, match="window must be in 1..64"):
         parse_spec("lookahead:window=0")
 

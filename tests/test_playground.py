@@ -37,9 +37,16 @@ def browser():
 
 
 def api_answer(server, method: str, max_tokens: int) -> str:
-    body = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": PROMPT}],
-            "max_tokens": max_tokens, "temperature": 0, "quickdraft": {"method": method}}
-    return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()["choices"][0]["message"]["content"]
+    body = {
+        "model": "SmolLM2-135M-Instruct",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "quickdraft": {"method": method},
+    }
+    return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()["choices"][0]["message"][
+        "content"
+    ]
 
 
 def test_the_page_shows_every_pass_and_ends_with_the_apis_text(server, browser, tmp_path):
@@ -69,4 +76,3 @@ def test_race_mode_decodes_plainly_beside_the_speculative_run(server, browser):
     assert not plain.find_elements(By.CSS_SELECTOR, ".accepted, .rejected")  # plain decoding drafts nothing
     assert browser.find_element(By.ID, "plain-text").text == browser.find_element(By.ID, "speculative-text").text
     assert browser.find_element(By.ID, "plain-clock").text.endswith(" s")
-

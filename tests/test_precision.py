@@ -5,17 +5,16 @@ import copy
 
 import pytest
 import torch
+from conftest import loaded, tiny_llama
+from seq_util import Seq, native
+from spec_util import assert_speculated, speculated
+from test_native import tiny_qwen2
 
 from quickdraft import Decoder, QuickdraftError
 from quickdraft.backends.native import NativeBackend
 from quickdraft.models.native_weights import NativeWeights
 from quickdraft.models.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 from quickdraft.models.quantized_linear import Int4Linear, Int8Linear
-
-from seq_util import Seq, native
-from spec_util import assert_speculated, speculated
-from conftest import loaded, tiny_llama
-from test_native import tiny_qwen2
 
 TOKENS = [5, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
 
@@ -122,8 +121,7 @@ def test_greedy_speculation_equals_plain_greedy_at_the_same_precision(tiny_targe
     draft = loaded(tiny_draft, "d") if method == "draft" else None
     options = {"layers": 1} if method == "self-spec" else {}
     # fixed: every step drafts (prompt lookup's cost model may choose K = 0 where verify passes are dear)
-    specs = [Decoder(target, draft, method, k, precision=precision, draft_length="fixed", **options)
-             for k in (1, 3, 8)]
+    specs = [Decoder(target, draft, method, k, precision=precision, draft_length="fixed", **options) for k in (1, 3, 8)]
     outputs = []
     for number, prompt in enumerate(PROMPTS + SPARE_PROMPTS):
         if number >= len(PROMPTS) and speculated(outputs):
@@ -189,9 +187,13 @@ def test_a_prompt_prefilled_beside_other_passes_gives_the_same_rows_as_alone():
     one_row.forward(other)
     by_itself = one_row.forward([4])
     # A prompt, another prompt and a decode row in one pass: the decode row is not widened.
-    outputs = backend.forward([SeqPass(mixed.cache, prompt, logits="none", prompt=True),
-                               SeqPass(busy.cache, other * 3, logits="none", prompt=True),
-                               SeqPass(decoding.cache, [4])])
+    outputs = backend.forward(
+        [
+            SeqPass(mixed.cache, prompt, logits="none", prompt=True),
+            SeqPass(busy.cache, other * 3, logits="none", prompt=True),
+            SeqPass(decoding.cache, [4]),
+        ]
+    )
     assert torch.equal(outputs[2].logits, by_itself)
     assert torch.equal(mixed.forward([5, 3]), expected)
     # Rows not flagged as a prompt's are never widened: the same as on a backend that widens nothing.
@@ -201,18 +203,26 @@ def test_a_prompt_prefilled_beside_other_passes_gives_the_same_rows_as_alone():
 @pytest.mark.speculation
 @pytest.mark.parametrize("method", ["draft", "prompt-lookup"])
 def test_greedy_speculation_over_widened_prompts_equals_plain_greedy(tiny_target, tiny_draft, method):
-    from quickdraft.drafters import DraftModelDrafter, PromptLookupDrafter
     from quickdraft.draft_length import make_draft_length
+    from quickdraft.drafters import DraftModelDrafter, PromptLookupDrafter
     from quickdraft.engine import Generation, prefill, step
     from quickdraft.sampling import SamplingParams
 
     target = widening_backend(tiny_target)
 
     def run(k: int, prompt: list[int]) -> Generation:
-        drafter = (DraftModelDrafter(widening_backend(tiny_draft)) if method == "draft" and k
-                   else PromptLookupDrafter(2, 1))
-        generation = Generation(target, drafter, prompt, draft_length=make_draft_length("fixed", k),
-                                max_new_tokens=40, sampling=SamplingParams(0.0), generator=torch.Generator())
+        drafter = (
+            DraftModelDrafter(widening_backend(tiny_draft)) if method == "draft" and k else PromptLookupDrafter(2, 1)
+        )
+        generation = Generation(
+            target,
+            drafter,
+            prompt,
+            draft_length=make_draft_length("fixed", k),
+            max_new_tokens=40,
+            sampling=SamplingParams(0.0),
+            generator=torch.Generator(),
+        )
         prefill([generation])
         while not generation.done:
             step([generation])
@@ -231,7 +241,8 @@ def test_greedy_speculation_over_widened_prompts_equals_plain_greedy(tiny_target
 
 @pytest.mark.speculation
 def test_a_draft_model_takes_the_bf16_kernel_of_one_token_passes_the_target_that_of_verify_passes(
-        tiny_target, tiny_draft, tmp_path):
+    tiny_target, tiny_draft, tmp_path
+):
     """Where bf16 kernels cost differently by pass size (on a CPU with bf16 arithmetic, bf16 columns
     cost as much for 1 row as for 16), the target keeps the kernel chosen for verify passes whatever
     its method, so plain decoding has speculation's bits; a draft model, whose bits never reach the

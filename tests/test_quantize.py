@@ -7,13 +7,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from quickdraft.models.gguf_blocks import unpack_int4_blocks
-from quickdraft.models.quantize import (
-    dequantize_int4,
-    dequantize_int8,
-    quantize_int4,
-    quantize_int8,
-    stack_int4,
-)
+from quickdraft.models.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8, stack_int4
 from quickdraft.models.quantized_linear import Int4Linear, Int8Linear, quantized_linear
 
 
@@ -96,5 +90,6 @@ def test_q4_k_super_blocks_map_onto_int4_exactly():
     raw = raw.reshape(8, -1)
     mapped = unpack_int4_blocks(raw, GGMLQuantizationType.Q4_K)
     assert mapped.group == 32 and mapped.q.shape == (8, 512)
-    np.testing.assert_allclose(dequantize_int4(mapped).numpy(), dequantize(raw, GGMLQuantizationType.Q4_K),
-                               rtol=0, atol=1e-5)
+    np.testing.assert_allclose(
+        dequantize_int4(mapped).numpy(), dequantize(raw, GGMLQuantizationType.Q4_K), rtol=0, atol=1e-5
+    )

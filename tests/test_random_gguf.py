@@ -4,15 +4,15 @@ quantized copies made by llama.cpp's quantizer."""
 from __future__ import annotations
 
 import pytest
+from conftest import RANDOM_SHAPES
 from gguf import GGMLQuantizationType
 
 from quickdraft.backends.backend import SeqPass
 from quickdraft.backends.llama_cpp import LlamaCppBackend, llama_cpp_installed
 from quickdraft.errors import QuickdraftError
-from quickdraft.models.gguf_convert import read_table
 from quickdraft.models import default_gguf_path
+from quickdraft.models.gguf_convert import read_table
 from quickdraft.models.random_gguf import GgufShape, quantize_gguf, random_gguf
-from conftest import RANDOM_SHAPES
 
 
 @pytest.mark.parametrize("arch", list(RANDOM_SHAPES))
@@ -35,8 +35,10 @@ def test_the_file_has_the_asked_shapes_and_the_real_files_tokenizer(random_ggufs
 
 @pytest.mark.skipif(not llama_cpp_installed(), reason="llama-cpp-python is not installed (./setup.sh builds it)")
 def test_quantized_copies_hold_the_types_named_and_run(random_ggufs):
-    kinds = {name: {t.kind for t in read_table(random_ggufs["llama", name])[1]}
-             for name in ("Q4_0", "Q4_1", "Q8_0", "Q4_K_M", "Q6_K")}
+    kinds = {
+        name: {t.kind for t in read_table(random_ggufs["llama", name])[1]}
+        for name in ("Q4_0", "Q4_1", "Q8_0", "Q4_K_M", "Q6_K")
+    }
     Q = GGMLQuantizationType
     assert Q.Q4_0 in kinds["Q4_0"] and Q.Q4_1 in kinds["Q4_1"] and Q.Q8_0 in kinds["Q8_0"]
     assert Q.Q4_K in kinds["Q4_K_M"] and Q.Q6_K in kinds["Q4_K_M"] and Q.Q6_K in kinds["Q6_K"]
@@ -72,7 +74,7 @@ def test_q4_0_files_are_written_as_blocks_with_the_asked_spread(tmp_path):
     assert by_name["blk.0.ffn_up.weight"].shape == (512, 256)
     assert by_name["blk.0.attn_norm.weight"].kind == GGMLQuantizationType.F32
     values = by_name["blk.0.ffn_up.weight"].values()  # ~ N(0, 1/256) in spread, as the float files are
-    assert abs(values.std() * 256 ** 0.5 - 1) < 0.05
+    assert abs(values.std() * 256**0.5 - 1) < 0.05
     if llama_cpp_installed():  # llama.cpp loads it and computes finite logits
         backend = LlamaCppBackend(path, "q4")
         logits = backend.forward([SeqPass(backend.new_cache(), [1, 2, 3])])[0].logits

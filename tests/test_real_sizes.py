@@ -25,9 +25,16 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 needs_llama_cpp = pytest.mark.skipif(not llama_cpp_installed(), reason="llama-cpp-python is not installed")
 
 ONE_B = GgufShape(hidden=2048, layers=22, ffn=5632, heads=32, kv_heads=4, head_dim=64, context=2048)
-ONE_B_CONFIG = LlamaConfig(vocab_size=49152, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-                           num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048,
-                           tie_word_embeddings=False)
+ONE_B_CONFIG = LlamaConfig(
+    vocab_size=49152,
+    hidden_size=2048,
+    intermediate_size=5632,
+    num_hidden_layers=22,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    max_position_embeddings=2048,
+    tie_word_embeddings=False,
+)
 MEMORY_SHARE = 1.2  # the issue's budget: peak RSS over the reference it names
 
 
@@ -44,8 +51,9 @@ def imports(env) -> int:
 
 @pytest.fixture(scope="module")
 def one_b(tmp_path_factory) -> Path:
-    return random_gguf(default_gguf_path(), tmp_path_factory.mktemp("real_sizes") / "r1b-Q4_0.gguf", ONE_B,
-                       dtype="Q4_0")
+    return random_gguf(
+        default_gguf_path(), tmp_path_factory.mktemp("real_sizes") / "r1b-Q4_0.gguf", ONE_B, dtype="Q4_0"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +63,24 @@ def one_b_bf16(tmp_path_factory) -> Path:
 
 @needs_llama_cpp
 def test_a_1b_gguf_runs_on_llama_cpp_in_the_memory_llama_cpp_python_takes(one_b, env, imports):
-    generate = [sys.executable, "-m", "quickdraft.cli", "generate", "The capital of France is", "--target", str(one_b),
-                "--backend", "llama.cpp", "--method", "none", "--max-new-tokens", "8", "--threads", "2", "--no-chat"]
+    generate = [
+        sys.executable,
+        "-m",
+        "quickdraft.cli",
+        "generate",
+        "The capital of France is",
+        "--target",
+        str(one_b),
+        "--backend",
+        "llama.cpp",
+        "--method",
+        "none",
+        "--max-new-tokens",
+        "8",
+        "--threads",
+        "2",
+        "--no-chat",
+    ]
     ours = footprint(generate, env).peak_rss
     peer = footprint(python(LLAMA_CPP_PYTHON, one_b, 8, 2), env).peak_rss
     file = one_b.stat().st_size

@@ -4,8 +4,13 @@ at its position gets once its path is the cache, in fp32 (no rounding to hide a 
 import pytest
 import torch
 
-from quickdraft.models.row_attention import (KEY_CHUNK, group_keys, row_groups, row_invariant_attention,
-                                             trees_read_in_place)
+from quickdraft.models.row_attention import (
+    KEY_CHUNK,
+    group_keys,
+    row_groups,
+    row_invariant_attention,
+    trees_read_in_place,
+)
 from quickdraft.tree import ancestors, tree_mask
 
 HEADS, KV_HEADS, DIM, CAPACITY = 4, 2, 16, 320
@@ -21,8 +26,14 @@ def cache_of(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, to
     return k, v
 
 
-def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
-           mask: torch.Tensor | None, in_place: bool = False) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    start: int,
+    mask: torch.Tensor | None,
+    in_place: bool = False,
+) -> torch.Tensor:
     """q [H, n, D] of a pass after `start` cached entries -> [H, n, D], as the native backend runs it."""
     out = torch.empty_like(q)
     for group in row_groups(start, q.shape[1], mask, in_place=in_place):
@@ -77,8 +88,12 @@ def test_attention_is_softmax_attention():
     keys, values = torch.randn(KV_HEADS, start + n, DIM), torch.randn(KV_HEADS, start + n, DIM)
     q = torch.randn(HEADS, n, DIM)
     expected = torch.nn.functional.scaled_dot_product_attention(
-        q[None], keys[None], values[None], attn_mask=torch.ones(n, start + n, dtype=torch.bool).tril(start)[None, None],
-        enable_gqa=True)[0]
+        q[None],
+        keys[None],
+        values[None],
+        attn_mask=torch.ones(n, start + n, dtype=torch.bool).tril(start)[None, None],
+        enable_gqa=True,
+    )[0]
     assert torch.allclose(attend(q, *cache_of(keys, values), start, None), expected, atol=1e-5)
 
 
@@ -117,4 +132,3 @@ def test_trees_read_in_place_are_one_group_of_whole_chunks_and_deep_rows_of_a_cr
     shared = [g for g in crossing if g.prefix_index is None]
     assert len(shared) == 1 and shared[0].rows.tolist() == [0, 1, 2] and shared[0].tail == 2 * KEY_CHUNK
     assert [g.rows.tolist() for g in crossing if g.prefix_index is not None] == [[3], [4]]
-

@@ -6,9 +6,19 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNTIME = ("quickdraft", "quickdraft.methods", "quickdraft.drafters.eagle", "quickdraft.drafters.medusa",
-           "quickdraft.heads.format", "quickdraft.heads.store", "quickdraft.heads.export", "quickdraft.heads.inference",
-           "quickdraft.serve", "quickdraft.bench.bench_command", "quickdraft.cli")
+RUNTIME = (
+    "quickdraft",
+    "quickdraft.methods",
+    "quickdraft.drafters.eagle",
+    "quickdraft.drafters.medusa",
+    "quickdraft.heads.format",
+    "quickdraft.heads.store",
+    "quickdraft.heads.export",
+    "quickdraft.heads.inference",
+    "quickdraft.serve",
+    "quickdraft.bench.bench_command",
+    "quickdraft.cli",
+)
 REPORT = """
 import importlib, sys
 for name in sys.argv[1:]:
@@ -19,7 +29,8 @@ print(" ".join(sorted(m for m in sys.modules if m == "quickdraft.training" or m.
 
 def test_runtime_modules_do_not_import_the_training_package():
     # A fresh interpreter: this test process has imported training modules for other tests.
-    run = subprocess.run([sys.executable, "-c", REPORT, *RUNTIME], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", REPORT, *RUNTIME], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "", f"runtime imports training modules: {run.stdout.strip()}"

@@ -49,9 +49,15 @@ def test_greedy_is_argmax_and_sampling_uses_only_the_generator():
     assert first == second
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1e-38), SamplingParams(temperature=1e-45),
-                                    SamplingParams(temperature=1.0, top_p=1e-300),
-                                    SamplingParams(temperature=1e-30, top_p=1e-300, top_k=10**9)])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1e-38),
+        SamplingParams(temperature=1e-45),
+        SamplingParams(temperature=1.0, top_p=1e-300),
+        SamplingParams(temperature=1e-30, top_p=1e-300, top_k=10**9),
+    ],
+)
 def test_extreme_parameters_give_a_distribution_never_nan(params):
     """Tiny temperatures behave as greedy, a top_p that keeps nothing keeps the top token (these gave NaN)."""
     logits = torch.tensor([[2.0, 30.0, -1.0, 29.999], [1e4, -1e4, 0.0, 5.0]])
@@ -61,8 +67,15 @@ def test_extreme_parameters_give_a_distribution_never_nan(params):
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"temperature": -1.0}, {"temperature": float("nan")}, {"temperature": float("inf")}, {"top_k": 0},
-               {"top_p": 0.0}, {"top_p": 1.5}]
+    "kwargs",
+    [
+        {"temperature": -1.0},
+        {"temperature": float("nan")},
+        {"temperature": float("inf")},
+        {"top_k": 0},
+        {"top_p": 0.0},
+        {"top_p": 1.5},
+    ],
 )
 def test_bad_parameters_are_refused(kwargs):
     with pytest.raises(QuickdraftError):

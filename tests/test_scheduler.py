@@ -26,8 +26,16 @@ class Collector:
 
     def job(self, prompt, max_new_tokens=20, method=None, k=None, **options) -> Job:
         settings = {"k": k} if k is not None else {}
-        return Job(prompt, max_new_tokens, {"temperature": 0.0} | options, method, settings,
-                   on_step=self.step, on_finish=self.finish, on_error=self.fail)
+        return Job(
+            prompt,
+            max_new_tokens,
+            {"temperature": 0.0} | options,
+            method,
+            settings,
+            on_step=self.step,
+            on_finish=self.finish,
+            on_error=self.fail,
+        )
 
     def step(self, record, text):
         self.steps += 1
@@ -48,13 +56,19 @@ def decoder(tiny_target, tiny_draft):
 
 
 @pytest.mark.speculation
-@pytest.mark.parametrize("backend, precision", [("native", "fp32"), ("hf", "fp32"), ("native", "int4"),
-                                                ("native", "bf16")])
+@pytest.mark.parametrize(
+    "backend, precision", [("native", "fp32"), ("hf", "fp32"), ("native", "int4"), ("native", "bf16")]
+)
 def test_batched_sequences_equal_each_alone(tiny_target, tiny_draft, backend, precision):
     """Below fp32 every row is computed independently, so batching is exact by construction;
     at fp32 shared matmuls could differ in the last bits (the tests have not seen it)."""
-    decoder = Decoder(loaded(tiny_target, "tiny"), loaded(tiny_draft, "tiny-draft"), "prompt-lookup",
-                      backend=backend, precision=precision)
+    decoder = Decoder(
+        loaded(tiny_target, "tiny"),
+        loaded(tiny_draft, "tiny-draft"),
+        "prompt-lookup",
+        backend=backend,
+        precision=precision,
+    )
     methods = [("none", None), ("draft", 3), ("prompt-lookup", None), ("lookahead", None), ("draft", 1)]
     scheduler = Scheduler(decoder, max_batch=3, max_queue=8)  # 5 jobs: some wait, join as others leave
     collectors = [Collector() for _ in PROMPTS]

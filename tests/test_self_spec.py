@@ -2,14 +2,13 @@
 
 import pytest
 import torch
+from conftest import loaded, tiny_llama
+from seq_util import hf
+from spec_util import assert_speculated
 
 from quickdraft import Decoder, QuickdraftError
 from quickdraft.calibrate import calibrate_self_spec, candidate_depths
 from quickdraft.models.layer_subset import layer_subset_model, resolve_layers
-
-from conftest import loaded, tiny_llama
-from seq_util import hf
-from spec_util import assert_speculated
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +54,9 @@ def test_self_spec_greedy_equals_plain(deep_target, layers, k, runner):
     assert_speculated(outputs, min_rate=0.1)  # a random model's early layers: 12-24% of passes accept
 
 
-@pytest.mark.parametrize("layers, message", [(0, "within"), (6, "skip at least one"), ([1, 2], "layer 0"),
-                                             ([0, 9], "within")])
+@pytest.mark.parametrize(
+    "layers, message", [(0, "within"), (6, "skip at least one"), ([1, 2], "layer 0"), ([0, 9], "within")]
+)
 def test_bad_layer_choices_are_refused(deep_target, layers, message):
     with pytest.raises(QuickdraftError, match=message):
         resolve_layers(deep_target.config.num_hidden_layers, layers)

@@ -8,6 +8,11 @@ import gc
 
 import pytest
 import torch
+from conftest import loaded, tiny_llama
+from seq_util import Seq, native, static
+from spec_util import assert_speculated
+from stats_util import chi_square_p_value
+from test_engine import PROMPTS, exact_joint, sampled_joint
 
 from quickdraft import Decoder
 from quickdraft.backends.backend import SeqPass
@@ -18,12 +23,6 @@ from quickdraft.engine import Generation
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.native_weights import NativeWeights
 from quickdraft.sampling import SamplingParams
-
-from conftest import loaded, tiny_llama
-from seq_util import Seq, native, static
-from spec_util import assert_speculated
-from stats_util import chi_square_p_value
-from test_engine import PROMPTS, exact_joint, sampled_joint
 
 ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 
@@ -156,8 +155,16 @@ def static_decoder(target, draft, method: str, k: int | None = None, precision: 
     options = {"layers": 1} if method == "self-spec" else {}
     if method != "none":
         options["draft_length"] = "fixed"
-    return Decoder(loaded(target, "target"), loaded(draft, "draft") if method == "draft" else None, method, k,
-                   backend="static", precision=precision, measure_shapes=False, **options)
+    return Decoder(
+        loaded(target, "target"),
+        loaded(draft, "draft") if method == "draft" else None,
+        method,
+        k,
+        backend="static",
+        precision=precision,
+        measure_shapes=False,
+        **options,
+    )
 
 
 @pytest.mark.speculation
@@ -184,7 +191,9 @@ def test_sampled_output_follows_target_distribution(small_target, small_draft, m
     # method's sampling on the device's default backend, on CUDA too.
     prompt = [1, 2, 3, 1, 2, 3, 1]
     decoder = static_decoder(small_target, small_draft, method, k)
-    assert chi_square_p_value(sampled_joint(decoder, prompt, params, k), exact_joint(small_target, prompt, params)) > 1e-3
+    assert (
+        chi_square_p_value(sampled_joint(decoder, prompt, params, k), exact_joint(small_target, prompt, params)) > 1e-3
+    )
 
 
 @pytest.fixture(scope="module")
@@ -216,8 +225,15 @@ def test_cuda_graph_replays_equal_the_eager_passes(tiny_target, precision):
 def test_the_engine_cuts_a_tree_at_the_backends_window(tiny_target):
     """Root at position 6 of a window of 8: tree nodes may reach depth 1 only (position 7)."""
     backend = static(tiny_target, rows=8).backend
-    generation = Generation(backend, NoDrafter(), list(range(1, 8)), draft_length=FixedK(3), max_new_tokens=10,
-                            sampling=SamplingParams(), generator=torch.Generator())
+    generation = Generation(
+        backend,
+        NoDrafter(),
+        list(range(1, 8)),
+        draft_length=FixedK(3),
+        max_new_tokens=10,
+        sampling=SamplingParams(),
+        generator=torch.Generator(),
+    )
     tree = Draft([10, 11, 12, 13], None, [-1, -1, 0, 2])
     layout = generation.lay_out(3, 100, tree, 0.0)
     assert layout.draft.tokens == [10, 11] and layout.kept == [0, 1] and layout.positions == [6, 7, 7]

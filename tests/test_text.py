@@ -28,13 +28,18 @@ POOL = "".join(sorted(set("".join(SENTENCES)))) + "\n\n  "  # characters for ran
 
 # --- tokenizers ---------------------------------------------------------------------------------------
 
+
 def byte_level_bpe() -> Tokenizer:
     """GPT-2 style: bytes mapped to characters, so tokens may end in the middle of a UTF-8 character."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=420, special_tokens=["<eos>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=420,
+        special_tokens=["<eos>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(SENTENCES * 10, trainer)
     return tokenizer
 
@@ -54,8 +59,9 @@ def byte_fallback_bpe() -> Tokenizer:
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
     tokenizer.normalizer = ascii_only.normalizer
-    tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                           decoders.Strip(" ", 1, 0)])
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     tokenizer.add_special_tokens(["<unk>", "<s>", "</s>"])
     return tokenizer
 
@@ -96,6 +102,7 @@ def smollm2() -> Tokenizer:
 
 # --- helpers ------------------------------------------------------------------------------------------
 
+
 def cut(text: str, stops: list[str]) -> str:
     found = [text.index(stop) for stop in stops if stop in text]
     return text[: min(found)] if found else text
@@ -107,8 +114,9 @@ def random_text(rng: random.Random, length: int) -> str:
     return " ".join(rng.choice(SENTENCES) for _ in range(1 + length // 20))
 
 
-def run(decode: Decode, ids: list[int], stops: list[str] | None = None, rng: random.Random | None = None,
-        every: float = 1.0) -> tuple[TextStream, list[str], int | None]:
+def run(
+    decode: Decode, ids: list[int], stops: list[str] | None = None, rng: random.Random | None = None, every: float = 1.0
+) -> tuple[TextStream, list[str], int | None]:
     """Push ids until a stop; take deltas after a random share of pushes. Returns the stream, the deltas
     (checked on the way: always a prefix of the final text) and the index of the token that stopped."""
     rng = rng or random.Random(0)
@@ -151,6 +159,7 @@ def counting(decode: Decode) -> tuple[Decode, list[int]]:
 
 
 # --- deltas add up to the text ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["byte_level", "byte_fallback", "smollm2"])
 def test_deltas_add_up_to_decode_of_all_ids_for_random_texts(name, request):
@@ -247,6 +256,7 @@ def test_special_tokens_are_skipped_and_eos_is_pushed_like_any_token(byte_level)
 
 # --- stop strings -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("stops", "stops_at", "text"),
     [
@@ -338,6 +348,7 @@ def test_empty_stop_strings_are_refused():
 
 # --- not prefix-stable, finish, edge cases ------------------------------------------------------------
 
+
 def cleanup(pieces: list[str]) -> Decode:
     """Like clean_up_tokenization_spaces: " ." and " ," lose their space (not prefix-stable)."""
     return lambda ids: "".join(pieces[i] for i in ids).replace(" .", ".").replace(" ,", ",")
@@ -388,6 +399,7 @@ def test_a_long_run_of_special_tokens_keeps_the_cost_bounded():
 
 
 # --- cost ---------------------------------------------------------------------------------------------
+
 
 def decode_cost_new(decode: Decode, ids: list[int], stops: list[str]) -> int:
     """Ids decoded to stream `ids` with TextStream: a delta after every token, then finish."""

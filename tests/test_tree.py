@@ -9,14 +9,17 @@ def test_known_tree():
     assert ancestors(3, parents) == [0, 1, 3]
     assert children(parents) == [[0, 2], [1, 4], [3], [], [], []]
     mask = tree_mask(parents)
-    expected = torch.tensor([
-        [1, 0, 0, 0, 0, 0],  # root
-        [1, 1, 0, 0, 0, 0],  # a
-        [1, 1, 1, 0, 0, 0],  # b
-        [1, 0, 0, 1, 0, 0],  # c
-        [1, 1, 1, 0, 1, 0],  # d
-        [1, 1, 0, 0, 0, 1],  # e
-    ], dtype=torch.bool)
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],  # root
+            [1, 1, 0, 0, 0, 0],  # a
+            [1, 1, 1, 0, 0, 0],  # b
+            [1, 0, 0, 1, 0, 0],  # c
+            [1, 1, 1, 0, 1, 0],  # d
+            [1, 1, 0, 0, 0, 1],  # e
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(mask, expected)
 
 

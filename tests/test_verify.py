@@ -1,11 +1,10 @@
 """The rejection sampler alone, against hand-computed p and q."""
 
 import torch
+from stats_util import chi_square_p_value
 
 from quickdraft.sampling import SamplingParams
 from quickdraft.verify import residual_distribution, verify, verify_tree
-
-from stats_util import chi_square_p_value
 
 
 def verify_greedy(draft, logits):
@@ -90,8 +89,7 @@ def test_one_hot_draft_accepts_with_probability_p():
     logits = p.log()
     params = SamplingParams(temperature=1.0)
     accepted = sum(
-        verify(torch.tensor([1]), None, logits, params, torch.Generator().manual_seed(s)).accepted
-        for s in range(4000)
+        verify(torch.tensor([1]), None, logits, params, torch.Generator().manual_seed(s)).accepted for s in range(4000)
     )
     assert abs(accepted / 4000 - 0.75) < 0.03
 
@@ -107,7 +105,6 @@ def test_sampling_filters_apply_to_p_and_q_alike():
 
 
 # --- trees of deterministic drafts ------------------------------------------------------------
-
 
 
 def one_hot_rows(choices, vocab=10):
@@ -146,10 +143,13 @@ def test_tree_sampling_first_token_follows_p_with_many_siblings():
 def test_tree_chain_accepts_like_the_chain_sampler():
     p = torch.tensor([[0.25, 0.75], [0.5, 0.5], [0.9, 0.1]])
     params = SamplingParams(temperature=1.0)
-    tree = sum(len(verify_tree([1, 0], [-1, 0], p.log(), params, torch.Generator().manual_seed(s)).path)
-               for s in range(4000))
-    chain = sum(verify(torch.tensor([1, 0]), None, p.log(), params, torch.Generator().manual_seed(s)).accepted
-                for s in range(4000))
+    tree = sum(
+        len(verify_tree([1, 0], [-1, 0], p.log(), params, torch.Generator().manual_seed(s)).path) for s in range(4000)
+    )
+    chain = sum(
+        verify(torch.tensor([1, 0]), None, p.log(), params, torch.Generator().manual_seed(s)).accepted
+        for s in range(4000)
+    )
     expected = 0.75 + 0.75 * 0.5  # E[accepted] = p1 + p1 * p2
     assert abs(tree / 4000 - expected) < 0.04 and abs(chain / 4000 - expected) < 0.04
 

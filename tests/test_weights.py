@@ -67,8 +67,9 @@ def test_q4_k_blocks_of_a_quantized_file_are_its_weights(random_ggufs):
     q4_k = [name for name in source.names() if source.tensor(name).kind.name == "Q4_K"]
     assert any("q_proj" in name for name in q4_k)  # rows permuted on the way (Llama's q and k)
     for name in q4_k:
-        np.testing.assert_allclose(dequantize_int4(source.int4_blocks(name)).numpy(), source.get(name).numpy(),
-                                   rtol=0, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(
+            dequantize_int4(source.int4_blocks(name)).numpy(), source.get(name).numpy(), rtol=0, atol=1e-5, err_msg=name
+        )
 
 
 def test_row_blocks_are_the_rows_of_the_whole_tensor(default_gguf, random_ggufs, tiny_target, tmp_path):
@@ -117,8 +118,11 @@ def test_a_config_that_does_not_match_the_tensors_names_the_tensor(tiny_target, 
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     config["intermediate_size"] *= 2
     (tmp_path / "m" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(QuickdraftError, match=r"tensor model.layers.0.mlp.gate_proj.weight has shape \[64, 32\], "
-                                              r"its config says \[128, 32\]"):
+    with pytest.raises(
+        QuickdraftError,
+        match=r"tensor model.layers.0.mlp.gate_proj.weight has shape \[64, 32\], "
+        r"its config says \[128, 32\]",
+    ):
         load_model(tmp_path / "m")
 
 
@@ -126,11 +130,14 @@ def test_a_gguf_whose_metadata_does_not_match_its_tensors_names_the_tensor(rando
     data = bytearray(random_ggufs["llama", "F32"].read_bytes())
     key = b"llama.feed_forward_length"
     at = data.index(key) + len(key) + 4  # past the value's type: the uint32 itself
-    data[at:at + 4] = (1024).to_bytes(4, "little")
+    data[at : at + 4] = (1024).to_bytes(4, "little")
     path = tmp_path / "odd.gguf"
     path.write_bytes(bytes(data))
-    with pytest.raises(QuickdraftError, match=r"GGUF file .*odd.gguf: tensor model.layers.0.mlp.\w+_proj.weight has "
-                                              r"shape \[\d+, \d+\], its config says"):
+    with pytest.raises(
+        QuickdraftError,
+        match=r"GGUF file .*odd.gguf: tensor model.layers.0.mlp.\w+_proj.weight has "
+        r"shape \[\d+, \d+\], its config says",
+    ):
         load_model(path, cache_dir=tmp_path / "cache")
     assert not (tmp_path / "cache").exists()  # nothing cached for a bad file
 

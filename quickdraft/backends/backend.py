@@ -134,6 +134,8 @@ def tapped_layers(passes: list[SeqPass], layers: list[int] | range) -> set[int]:
     wanted = {i for p in passes if p.hidden for i in p.taps}
     missing = wanted - set(layers)
     if missing:
-        raise ValueError(f"hidden states of layers {sorted(missing)} were asked for; this backend runs layers "
-                         f"{min(layers)}..{max(layers)}")
+        raise ValueError(
+            f"hidden states of layers {sorted(missing)} were asked for; this backend runs layers "
+            f"{min(layers)}..{max(layers)}"
+        )
     return wanted

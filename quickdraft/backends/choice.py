@@ -58,13 +58,21 @@ def decide(timings: Timings, precision: str) -> BackendChoice:
     ratios = [native / fast for fast, native in pairs]  # per pair: a moment's load hits both sides alike
     wins = sum(ratio < MARGIN for ratio in ratios) / len(ratios)
     fast, native = statistics.median(timings.llama_cpp_ms), statistics.median(timings.native_ms)
-    measured = (f"one-token pass llama.cpp {fast:.1f} ms, native {precision} {native:.1f} ms "
-                f"(medians of {len(pairs)} interleaved pairs; native at most {MARGIN:.0%} of llama.cpp's time "
-                f"in {wins:.0%} of them)")
+    measured = (
+        f"one-token pass llama.cpp {fast:.1f} ms, native {precision} {native:.1f} ms "
+        f"(medians of {len(pairs)} interleaved pairs; native at most {MARGIN:.0%} of llama.cpp's time "
+        f"in {wins:.0%} of them)"
+    )
     if timings.cpu_share < QUIET:
-        return BackendChoice(True, f"llama.cpp, the default: the machine was busy while timing (our threads got "
-                                   f"{timings.cpu_share:.0%} of their cores), so nothing was decided or kept; "
-                                   f"{measured}", keep=False, llama_cpp_ms=fast, native_ms=native)
+        return BackendChoice(
+            True,
+            f"llama.cpp, the default: the machine was busy while timing (our threads got "
+            f"{timings.cpu_share:.0%} of their cores), so nothing was decided or kept; "
+            f"{measured}",
+            keep=False,
+            llama_cpp_ms=fast,
+            native_ms=native,
+        )
     if statistics.median(ratios) < MARGIN and wins >= WINS:
         return BackendChoice(False, f"native: clearly faster here: {measured}", llama_cpp_ms=fast, native_ms=native)
     return BackendChoice(True, f"llama.cpp: {measured}", llama_cpp_ms=fast, native_ms=native)
@@ -91,13 +99,14 @@ def time_pairs(fast: Backend, native: Backend, threads: int, rounds: int = ROUND
     times: dict[int, list[float]] = {id(fast): [], id(native): []}
     share = CpuShare(threads)
     for i in range(rounds):
-        for backend in ((fast, native) if i % 2 == 0 else (native, fast)):
+        for backend in (fast, native) if i % 2 == 0 else (native, fast):
             times[id(backend)].append(one(backend))
     return Timings(times[id(fast)], times[id(native)], share.share())
 
 
-def cached_backend_choice(folder: Path | None, signature: dict, measure: Callable[[], Timings],
-                          precision: str) -> BackendChoice:
+def cached_backend_choice(
+    folder: Path | None, signature: dict, measure: Callable[[], Timings], precision: str
+) -> BackendChoice:
     """The kept verdict for this machine and file, or a new one from measure() (kept if clear)."""
     kept = planned_verdict(folder, signature)
     if kept.keep:
@@ -127,6 +136,10 @@ def planned_verdict(folder: Path | None, signature: dict) -> BackendChoice:
     record = read_choice(folder, signature)
     if isinstance(record, dict) and "llama_cpp" in record:
         return BackendChoice(**{**record, "reason": f"{record['reason']} (kept from an earlier load)"})
-    return BackendChoice(True, "llama.cpp: not timed on this machine yet; the first load times one-token passes of "
-                               "llama.cpp and the native backend side by side (seconds) and keeps llama.cpp unless "
-                               "native is clearly faster", keep=False)
+    return BackendChoice(
+        True,
+        "llama.cpp: not timed on this machine yet; the first load times one-token passes of "
+        "llama.cpp and the native backend side by side (seconds) and keeps llama.cpp unless "
+        "native is clearly faster",
+        keep=False,
+    )

@@ -46,8 +46,15 @@ class HFBackend:
     """A transformers causal LM. cache_config: the layout caches follow (a layer-subset view writes
     the full model's slots). pad_to: pad passes of some sizes to a size this machine runs faster."""
 
-    def __init__(self, model: PreTrainedModel, name: str, tokenizer: PreTrainedTokenizerBase | None = None,
-                 eos_ids: frozenset[int] = frozenset(), cache_config=None, pad_to: PadSizes | None = None) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        name: str,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        eos_ids: frozenset[int] = frozenset(),
+        cache_config=None,
+        pad_to: PadSizes | None = None,
+    ) -> None:
         self.model = model.eval()
         self.name, self.tokenizer, self.eos_ids = name, tokenizer, eos_ids
         self.pad_to: PadSizes = pad_to or {}
@@ -99,8 +106,14 @@ class HFBackend:
         return PassOutput(logits, hidden)
 
 
-def _pad(cached: int, tokens: list[int], positions: list[int] | None, mask: torch.Tensor | None, size: int,
-         device: torch.device) -> tuple[list[int], list[int], torch.Tensor]:
+def _pad(
+    cached: int,
+    tokens: list[int],
+    positions: list[int] | None,
+    mask: torch.Tensor | None,
+    size: int,
+    device: torch.device,
+) -> tuple[list[int], list[int], torch.Tensor]:
     """A pass of `size` tokens whose first n are the real ones; the padding comes after them and no
     real token sees it (so no real row changes), and its cache entries are dropped afterwards."""
     n, extra = len(tokens), size - len(tokens)

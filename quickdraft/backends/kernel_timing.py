@@ -32,8 +32,10 @@ PAD_GRID = (1, 2, 3, 4, 6, 8)  # token counts timed for the transformers backend
 
 def fastest_at_or_above(costs: dict[tuple, float], grid: tuple[int, ...]) -> dict[int, tuple]:
     """For every n up to the grid's top: the cheapest measured (way, rows) with rows >= n."""
-    return {n: min((key for key in costs if key[-1] >= n), key=lambda key: (costs[key], key[-1]))
-            for n in range(1, grid[-1] + 1)}
+    return {
+        n: min((key for key in costs if key[-1] >= n), key=lambda key: (costs[key], key[-1]))
+        for n in range(1, grid[-1] + 1)
+    }
 
 
 def measure_row_kernels(weights, folder: Path | None, progress: bool = True) -> dict[int, Kernel]:
@@ -45,16 +47,24 @@ def measure_row_kernels(weights, folder: Path | None, progress: bool = True) -> 
     if all(isinstance(linear, (ColumnLinear, RowLinear)) for linear in linears):
         return {}
     ways = (True, False) if any(isinstance(x, PackedLinear) and x.has_packed for x in linears) else (True,)
-    signature = {"backend": NATIVE, "precision": weights.precision, "device": str(weights.device),
-                 "shapes": sorted({tuple(_shape(x)) for x in linears}), "layers": len(weights.layers),
-                 "grid": ROW_GRID}
+    signature = {
+        "backend": NATIVE,
+        "precision": weights.precision,
+        "device": str(weights.device),
+        "shapes": sorted({tuple(_shape(x)) for x in linears}),
+        "layers": len(weights.layers),
+        "grid": ROW_GRID,
+    }
 
     def measure() -> dict[int, list]:
         inputs = {_shape(x)[1] for x in linears}
         generator = torch.Generator().manual_seed(0)
         cases = [(packed, rows) for rows in ROW_GRID for packed in ways]
-        xs = {(size, rows): torch.randn(rows, size, generator=generator).to(weights.dtype).to(weights.device)
-              for size in inputs for rows in ROW_GRID}
+        xs = {
+            (size, rows): torch.randn(rows, size, generator=generator).to(weights.dtype).to(weights.device)
+            for size in inputs
+            for rows in ROW_GRID
+        }
 
         def run(packed: bool, rows: int) -> None:
             for linear in linears:
@@ -63,15 +73,22 @@ def measure_row_kernels(weights, folder: Path | None, progress: bool = True) -> 
         costs: dict[tuple, list[float]] = {case: [] for case in cases}
         with torch.inference_mode():
             run(*cases[0])  # warm-up
-            for _ in tqdm(range(REPEATS), desc=f"quickdraft: timing {weights.precision} pass shapes (once)",
-                          unit="round", disable=not progress, file=sys.stderr):
+            for _ in tqdm(
+                range(REPEATS),
+                desc=f"quickdraft: timing {weights.precision} pass shapes (once)",
+                unit="round",
+                disable=not progress,
+                file=sys.stderr,
+            ):
                 for case in cases:  # interleaved: drift hits every case alike
                     costs[case].append(wall_ms(lambda: run(*case)))
         best = fastest_at_or_above({case: statistics.median(t) for case, t in costs.items()}, ROW_GRID)
         return {n: [packed, rows if rows > n else 0] for n, (packed, rows) in best.items()}
 
     choice = cached_choice(folder, signature, measure)
-    return {int(n): Kernel(bool(packed), int(rows)) for n, (packed, rows) in choice.items() if (packed, rows) != (True, 0)}
+    return {
+        int(n): Kernel(bool(packed), int(rows)) for n, (packed, rows) in choice.items() if (packed, rows) != (True, 0)
+    }
 
 
 def measure_pad_sizes(backend, folder: Path | None, progress: bool = True) -> dict[int, int]:
@@ -79,8 +96,13 @@ def measure_pad_sizes(backend, folder: Path | None, progress: bool = True) -> di
     from quickdraft.backends.backend import SeqPass
 
     model = backend.model
-    signature = {"backend": HF, "model": type(model).__name__, "config": model.config.to_json_string(),
-                 "device": str(backend.device), "grid": PAD_GRID}
+    signature = {
+        "backend": HF,
+        "model": type(model).__name__,
+        "config": model.config.to_json_string(),
+        "device": str(backend.device),
+        "grid": PAD_GRID,
+    }
 
     def measure() -> dict[int, list]:
         context = [(1 + i) % backend.vocab_size for i in range(32)]
@@ -93,8 +115,13 @@ def measure_pad_sizes(backend, folder: Path | None, progress: bool = True) -> di
 
         costs: dict[tuple, list[float]] = {(rows,): [] for rows in PAD_GRID}
         run(1)
-        for _ in tqdm(range(REPEATS), desc="quickdraft: timing transformers pass shapes (once)", unit="round",
-                      disable=not progress, file=sys.stderr):
+        for _ in tqdm(
+            range(REPEATS),
+            desc="quickdraft: timing transformers pass shapes (once)",
+            unit="round",
+            disable=not progress,
+            file=sys.stderr,
+        ):
             for case in costs:
                 costs[case].append(wall_ms(lambda: run(case[0])))
         best = fastest_at_or_above({case: statistics.median(t) for case, t in costs.items()}, PAD_GRID)
@@ -114,15 +141,26 @@ DENSE_QUESTION, PROMPT_QUESTION = "bf16 columns or rows", "prompt rows one at a 
 FIRST_LAYER = ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")
 
 
-def measure_dense_kernel(tensor: Callable[[str], torch.Tensor], folder: Path | None,
-                         rows: tuple[int, ...] = VERIFY_ROWS, progress: bool = True) -> str:
-    """"bf16" or "rows": how this machine multiplies bf16 weights faster, as bf16 matrix columns
+def measure_dense_kernel(
+    tensor: Callable[[str], torch.Tensor],
+    folder: Path | None,
+    rows: tuple[int, ...] = VERIFY_ROWS,
+    progress: bool = True,
+) -> str:
+    """ "bf16" or "rows": how this machine multiplies bf16 weights faster, as bf16 matrix columns
     (ColumnLinear) or one row at a time (RowLinear; CPUs without bf16 arithmetic, or plain
     decoding), timed on the first layer's matrices at `rows` rows (VERIFY_ROWS or DECODE_ROWS).
     Both keep the weights in bf16: widening them to fp32 would double a bf16 model's memory.
     tensor: a weight by its transformers name (LoadedModel.tensor)."""
-    return _faster_bf16({"bf16": ColumnLinear, "rows": RowLinear}, rows, tensor, folder, DENSE_QUESTION,
-                        "bf16 matrix products", progress)
+    return _faster_bf16(
+        {"bf16": ColumnLinear, "rows": RowLinear},
+        rows,
+        tensor,
+        folder,
+        DENSE_QUESTION,
+        "bf16 matrix products",
+        progress,
+    )
 
 
 def measure_prompt_kernel(tensor: Callable[[str], torch.Tensor], folder: Path | None, progress: bool = True) -> bool:
@@ -130,8 +168,18 @@ def measure_prompt_kernel(tensor: Callable[[str], torch.Tensor], folder: Path | 
     at a time) than one row at a time, timed on the first layer's matrices at PROMPT_ROWS rows:
     the native backend's widen_prompts where its bf16 kernel is RowLinear."""
     widened = lambda weight: RowLinear(weight).widened  # noqa: E731 - a kind is made from a weight
-    return _faster_bf16({"rows": RowLinear, "widened": widened}, PROMPT_ROWS, tensor, folder, PROMPT_QUESTION,
-                        "bf16 prompt rows", progress) == "widened"
+    return (
+        _faster_bf16(
+            {"rows": RowLinear, "widened": widened},
+            PROMPT_ROWS,
+            tensor,
+            folder,
+            PROMPT_QUESTION,
+            "bf16 prompt rows",
+            progress,
+        )
+        == "widened"
+    )
 
 
 def bf16_signature(question: str, rows: tuple[int, ...], matrices: list[torch.Tensor]) -> dict:
@@ -139,8 +187,15 @@ def bf16_signature(question: str, rows: tuple[int, ...], matrices: list[torch.Te
     return {"backend": NATIVE, "dense": question, "rows": list(rows), "shapes": [list(m.shape) for m in matrices]}
 
 
-def _faster_bf16(kinds: dict[str, Callable], rows: tuple[int, ...], tensor: Callable[[str], torch.Tensor],
-                 folder: Path | None, question: str, what: str, progress: bool) -> str:
+def _faster_bf16(
+    kinds: dict[str, Callable],
+    rows: tuple[int, ...],
+    tensor: Callable[[str], torch.Tensor],
+    folder: Path | None,
+    question: str,
+    what: str,
+    progress: bool,
+) -> str:
     """The kind (a maker of a callable [n, in] -> [n, out] from a bf16 weight) that multiplies the
     first layer's matrices faster at `rows` rows, timed once per machine and shapes (cached)."""
     matrices = [tensor(f"model.layers.0.{name}.weight") for name in FIRST_LAYER]
@@ -153,11 +208,17 @@ def _faster_bf16(kinds: dict[str, Callable], rows: tuple[int, ...], tensor: Call
         xs = {n: [torch.randn(n, w.shape[1], generator=generator).to(torch.bfloat16) for w in weights] for n in rows}
         costs: dict[str, list[float]] = {kind: [] for kind in kinds}
         with torch.inference_mode():
-            for _ in tqdm(range(REPEATS), desc=f"quickdraft: timing {what} (once)", unit="round",
-                          disable=not progress, file=sys.stderr):
+            for _ in tqdm(
+                range(REPEATS),
+                desc=f"quickdraft: timing {what} (once)",
+                unit="round",
+                disable=not progress,
+                file=sys.stderr,
+            ):
                 for kind, linears in made.items():
-                    costs[kind].append(sum(wall_ms(lambda: [linear(x) for linear, x in zip(linears, xs[n])])
-                                           for n in rows))
+                    costs[kind].append(
+                        sum(wall_ms(lambda: [linear(x) for linear, x in zip(linears, xs[n])]) for n in rows)
+                    )
         return min(kinds, key=lambda kind: statistics.median(costs[kind]))
 
     return str(cached_choice(folder, signature, measure))
@@ -171,10 +232,20 @@ def check_in_place_trees(weights, folder: Path | None) -> bool:
 
     if folder is None or weights.dtype == torch.float32:  # fp32 passes use SDPA, not row groups
         return False
-    signature = {"check": "trees read in place", "heads": weights.heads, "kv_heads": weights.kv_heads,
-                 "head_dim": weights.head_dim, "device": str(weights.device)}
-    return bool(cached_choice(folder, signature, lambda: trees_read_in_place(
-        weights.heads, weights.kv_heads, weights.head_dim, weights.device)))
+    signature = {
+        "check": "trees read in place",
+        "heads": weights.heads,
+        "kv_heads": weights.kv_heads,
+        "head_dim": weights.head_dim,
+        "device": str(weights.device),
+    }
+    return bool(
+        cached_choice(
+            folder,
+            signature,
+            lambda: trees_read_in_place(weights.heads, weights.kv_heads, weights.head_dim, weights.device),
+        )
+    )
 
 
 def _shape(linear) -> tuple[int, int]:
@@ -186,16 +257,27 @@ COST_GRID = (1, 2, 4, 8, 16)  # tokens per pass timed for the cost model's prior
 COST_CONTEXT = 128  # cached tokens before the timed pass: a typical prompt
 
 
-def measure_pass_costs(backend, folder: Path | None, signature: dict | None = None,
-                       progress: bool = True, grid: tuple[int, ...] = COST_GRID) -> dict[int, float]:
+def measure_pass_costs(
+    backend,
+    folder: Path | None,
+    signature: dict | None = None,
+    progress: bool = True,
+    grid: tuple[int, ...] = COST_GRID,
+) -> dict[int, float]:
     """Milliseconds of one whole pass of n tokens (all logits) after COST_CONTEXT cached ones, for n
     in `grid`: the median of REPEATS interleaved rounds. What verification costs on this backend
     here, for the cost model's prior, the tree budget and choosing a backend; cached per machine."""
     from quickdraft.backends.backend import SeqPass
 
-    signature = {"backend": type(backend).__name__, "name": backend.name,
-                 "precision": getattr(backend, "precision", None), "device": str(backend.device),
-                 "grid": grid, "context": COST_CONTEXT, **(signature or {})}
+    signature = {
+        "backend": type(backend).__name__,
+        "name": backend.name,
+        "precision": getattr(backend, "precision", None),
+        "device": str(backend.device),
+        "grid": grid,
+        "context": COST_CONTEXT,
+        **(signature or {}),
+    }
 
     cached = max(1, min(COST_CONTEXT, backend.max_length - max(grid)))  # a short context: fewer cached tokens
     grid = tuple(rows for rows in grid if cached + rows <= backend.max_length)
@@ -212,8 +294,13 @@ def measure_pass_costs(backend, folder: Path | None, signature: dict | None = No
         costs: dict[int, list[float]] = {rows: [] for rows in grid}
         run(1)  # warm-up
         share = CpuShare(getattr(backend, "threads", None) or torch.get_num_threads())
-        for _ in tqdm(range(REPEATS), desc=f"quickdraft: timing {backend.name} passes (once)", unit="round",
-                      disable=not progress, file=sys.stderr):
+        for _ in tqdm(
+            range(REPEATS),
+            desc=f"quickdraft: timing {backend.name} passes (once)",
+            unit="round",
+            disable=not progress,
+            file=sys.stderr,
+        ):
             for rows in grid:
                 costs[rows].append(wall_ms(lambda: run(rows)))
         return {rows: statistics.median(t) for rows, t in costs.items()}, share.share()

@@ -4,8 +4,8 @@ the options, the CLI and `quickdraft plan` take their names and choices from her
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from transformers import PretrainedConfig
 
@@ -57,38 +57,86 @@ class BackendTraits:
         if precision in self.precisions:
             return
         if self.precisions == (GGUF,):
-            raise QuickdraftError(f"the {self.name} backend computes with the GGUF file's own types; precision "
-                                  f"{precision} needs the native backend")
+            raise QuickdraftError(
+                f"the {self.name} backend computes with the GGUF file's own types; precision "
+                f"{precision} needs the native backend"
+            )
         if precision == GGUF:
-            raise QuickdraftError(f"precision gguf is the llama.cpp backend's (backend='llama.cpp' or 'auto'), "
-                                  f"not the {self.name} backend's")
-        raise QuickdraftError(f"the {self.name} backend computes at {', '.join(self.precisions)}, not {precision}"
-                              + ("; use the native backend (backend='auto' or 'native')"
-                                 if precision in TRAITS[NATIVE].precisions else ""))
+            raise QuickdraftError(
+                f"precision gguf is the llama.cpp backend's (backend='llama.cpp' or 'auto'), "
+                f"not the {self.name} backend's"
+            )
+        raise QuickdraftError(
+            f"the {self.name} backend computes at {', '.join(self.precisions)}, not {precision}"
+            + (
+                "; use the native backend (backend='auto' or 'native')"
+                if precision in TRAITS[NATIVE].precisions
+                else ""
+            )
+        )
 
     def check_architecture(self, config: PretrainedConfig, name: str) -> None:
         if not self.architectures(config, None):
-            raise QuickdraftError(f"the {self.name} backend supports {self.architecture_names}; {name!r} is "
-                                  f"{getattr(config, 'model_type', None)!r}" + ("" if self.name == HF
-                                                                               else " (use backend='hf')"))
+            raise QuickdraftError(
+                f"the {self.name} backend supports {self.architecture_names}; {name!r} is "
+                f"{getattr(config, 'model_type', None)!r}" + ("" if self.name == HF else " (use backend='hf')")
+            )
 
 
-TRAITS: dict[str, BackendTraits] = {traits.name: traits for traits in (
-    BackendTraits(NATIVE, NativeBackend, "quickdraft's own passes, bit-exact rows at every precision",
-                  precisions=("fp32", "bf16", "int8", "int4"), devices=("cpu", "cuda"), architectures=supports,
-                  architecture_names=", ".join(SUPPORTED_ARCHITECTURES), kv_ones=True, packed=True),
-    BackendTraits(HF, HFBackend, "transformers' own forward, in the checkpoint's dtype unless asked",
-                  precisions=("fp32", "bf16", "fp16"), devices=("cpu", "cuda"), architectures=any_architecture,
-                  architecture_names="every transformers causal LM", weights="transformers", kv="activations"),
-    BackendTraits(LLAMA_CPP, LlamaCppBackend, "GGUF files on llama.cpp's kernels", precisions=(GGUF,),
-                  devices=("cpu",), architectures=any_architecture, architecture_names="what llama.cpp runs",
-                  needs_gguf=True, inner_layers=False, subset=NATIVE, weights="file", kv="f16", shared_kv=True,
-                  pool_cells=DEFAULT_CELLS),
-    BackendTraits(STATIC, StaticBackend, "fixed-shape passes over dense weights (CUDA graphs on a GPU)",
-                  precisions=DENSE, devices=("cpu", "cuda"), architectures=static_supports,
-                  architecture_names=", ".join(a for a in SUPPORTED_ARCHITECTURES if a != GEMMA3), kv="activations",
-                  rows=STATIC_ROWS),
-)}
+TRAITS: dict[str, BackendTraits] = {
+    traits.name: traits
+    for traits in (
+        BackendTraits(
+            NATIVE,
+            NativeBackend,
+            "quickdraft's own passes, bit-exact rows at every precision",
+            precisions=("fp32", "bf16", "int8", "int4"),
+            devices=("cpu", "cuda"),
+            architectures=supports,
+            architecture_names=", ".join(SUPPORTED_ARCHITECTURES),
+            kv_ones=True,
+            packed=True,
+        ),
+        BackendTraits(
+            HF,
+            HFBackend,
+            "transformers' own forward, in the checkpoint's dtype unless asked",
+            precisions=("fp32", "bf16", "fp16"),
+            devices=("cpu", "cuda"),
+            architectures=any_architecture,
+            architecture_names="every transformers causal LM",
+            weights="transformers",
+            kv="activations",
+        ),
+        BackendTraits(
+            LLAMA_CPP,
+            LlamaCppBackend,
+            "GGUF files on llama.cpp's kernels",
+            precisions=(GGUF,),
+            devices=("cpu",),
+            architectures=any_architecture,
+            architecture_names="what llama.cpp runs",
+            needs_gguf=True,
+            inner_layers=False,
+            subset=NATIVE,
+            weights="file",
+            kv="f16",
+            shared_kv=True,
+            pool_cells=DEFAULT_CELLS,
+        ),
+        BackendTraits(
+            STATIC,
+            StaticBackend,
+            "fixed-shape passes over dense weights (CUDA graphs on a GPU)",
+            precisions=DENSE,
+            devices=("cpu", "cuda"),
+            architectures=static_supports,
+            architecture_names=", ".join(a for a in SUPPORTED_ARCHITECTURES if a != GEMMA3),
+            kv="activations",
+            rows=STATIC_ROWS,
+        ),
+    )
+}
 BACKENDS = (AUTO, *TRAITS)
 
 
@@ -117,5 +165,21 @@ def all_precisions() -> tuple[str, ...]:
     return tuple(dict.fromkeys(p for traits in TRAITS.values() for p in traits.precisions))
 
 
-__all__ = ["AUTO", "BACKENDS", "BackendTraits", "DENSE", "GGUF", "HF", "LLAMA_CPP", "NATIVE", "STATIC", "STATIC_ROWS",
-           "TRAITS", "all_precisions", "check_backend_kind", "static_supports", "traits_for", "traits_of"]
+__all__ = [
+    "AUTO",
+    "BACKENDS",
+    "BackendTraits",
+    "DENSE",
+    "GGUF",
+    "HF",
+    "LLAMA_CPP",
+    "NATIVE",
+    "STATIC",
+    "STATIC_ROWS",
+    "TRAITS",
+    "all_precisions",
+    "check_backend_kind",
+    "static_supports",
+    "traits_for",
+    "traits_of",
+]

@@ -18,9 +18,18 @@ class KVCache:
     column). granularity: capacity grows in whole multiples of it (attention's key chunk), up to
     the context rounded up to a whole multiple, so the last chunk is whole too."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, max_length: int, *,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 ones_column: bool = False, granularity: int = 1) -> None:
+    def __init__(
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        max_length: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        ones_column: bool = False,
+        granularity: int = 1,
+    ) -> None:
         self.layers, self.kv_heads, self.head_dim, self.max_length = layers, kv_heads, head_dim, max_length
         self.dtype, self.device = dtype, torch.device(device)
         self.ones_column, self.granularity = ones_column, granularity

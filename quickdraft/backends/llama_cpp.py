@@ -46,8 +46,10 @@ def require_llama_cpp() -> object:
     """llama-cpp-python's low-level API, with llama.cpp's log messages off and read by a LogTap
     (or a clear error)."""
     if not llama_cpp_installed():
-        raise QuickdraftError("backend 'llama.cpp' needs llama-cpp-python (./setup.sh installs it; or "
-                              "pip install llama-cpp-python==0.3.36)")
+        raise QuickdraftError(
+            "backend 'llama.cpp' needs llama-cpp-python (./setup.sh installs it; or "
+            "pip install llama-cpp-python==0.3.36)"
+        )
     import llama_cpp  # optional dependency
 
     _silence(llama_cpp)
@@ -87,9 +89,14 @@ def repacked_bytes(tensors: list, capability: str | None = None) -> int:
     if capability not in ("AVX2", "AVX512"):
         return 0
     tied = not any(t.name == "output.weight" for t in tensors)
-    return sum(int(t.n_bytes) for t in tensors
-               if t.tensor_type.name in REPACKED_TYPES and len(t.shape) == 2 and int(t.shape[1]) % REPACK_ROWS == 0
-               and (t.name != "token_embd.weight" or tied))
+    return sum(
+        int(t.n_bytes)
+        for t in tensors
+        if t.tensor_type.name in REPACKED_TYPES
+        and len(t.shape) == 2
+        and int(t.shape[1]) % REPACK_ROWS == 0
+        and (t.name != "token_embd.weight" or tied)
+    )
 
 
 @functools.cache
@@ -220,10 +227,17 @@ class LlamaCppBackend:
 
     pass_ms = PassCostsOnFirstRead()
 
-    def __init__(self, gguf: str | Path, name: str, tokenizer: PreTrainedTokenizerBase | None = None,
-                 eos_ids: frozenset[int] = frozenset(), threads: int | None = None, cells: int | None = None,
-                 max_sequences: int = 256,
-                 check_exact_rows: Callable[[LlamaCppBackend], int] | None = None) -> None:
+    def __init__(
+        self,
+        gguf: str | Path,
+        name: str,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        eos_ids: frozenset[int] = frozenset(),
+        threads: int | None = None,
+        cells: int | None = None,
+        max_sequences: int = 256,
+        check_exact_rows: Callable[[LlamaCppBackend], int] | None = None,
+    ) -> None:
         lib = require_llama_cpp()
         self._lib = lib
         lib.llama_backend_init()
@@ -231,7 +245,9 @@ class LlamaCppBackend:
         if not path.is_file():
             raise QuickdraftError(f"GGUF file not found: {path}")
         model_params = lib.llama_model_default_params()
-        model_params.load_mode = lib.LLAMA_LOAD_MODE_MMAP  # as llama-cpp-python asks: "auto" read 8B files 1.2-2x slower
+        model_params.load_mode = (
+            lib.LLAMA_LOAD_MODE_MMAP
+        )  # as llama-cpp-python asks: "auto" read 8B files 1.2-2x slower
         tap = _silence(lib)
         tap.buffers = {}
         model = lib.llama_model_load_from_file(str(path).encode(), model_params)
@@ -324,8 +340,12 @@ class LlamaCppBackend:
             return 1  # no sequence can hold the check: one row per decode is exact
         context = torch.randint(top // 100, top, (length,), generator=generator).tolist()
         new = torch.randint(top // 100, top, (exact,), generator=generator).tolist()
-        with tqdm(total=1 + len(new) + len(EXACT_GRID), unit="pass", file=sys.stderr,
-                  desc=f"quickdraft: checking which llama.cpp pass sizes are exact for {self.name} (once)") as bar:
+        with tqdm(
+            total=1 + len(new) + len(EXACT_GRID),
+            unit="pass",
+            file=sys.stderr,
+            desc=f"quickdraft: checking which llama.cpp pass sizes are exact for {self.name} (once)",
+        ) as bar:
             cache = self.new_cache()
             try:
                 self.forward([SeqPass(cache, context, logits="none")])
@@ -372,8 +392,10 @@ class LlamaCppBackend:
     def forward(self, passes: list[SeqPass]) -> list[PassOutput]:
         check_passes(passes, self.max_length)
         if any(p.hidden and p.taps for p in passes):
-            raise ValueError("the llama.cpp backend returns the last hidden state only; EAGLE-3 heads need the "
-                             "inputs of inner layers: use backend='native' (or 'hf')")
+            raise ValueError(
+                "the llama.cpp backend returns the last hidden state only; EAGLE-3 heads need the "
+                "inputs of inner layers: use backend='native' (or 'hf')"
+            )
         for p in passes:
             if not isinstance(p.cache, LlamaCppCache) or p.cache.backend is not self:
                 raise ValueError("a cache from another backend was passed to this one")
@@ -416,8 +438,13 @@ class LlamaCppBackend:
         outputs = [i in wanted for i in range(n)]
         pending = [(token, cache.placed + i) for i, token in enumerate(cache.pending)]
         if p.mask is None:
-            return _Layout([t for t, _ in pending] + list(p.tokens), [q for _, q in pending] + positions,
-                           [[cache.seq]] * (len(pending) + n), [False] * len(pending) + outputs, list(range(n)))
+            return _Layout(
+                [t for t, _ in pending] + list(p.tokens),
+                [q for _, q in pending] + positions,
+                [[cache.seq]] * (len(pending) + n),
+                [False] * len(pending) + outputs,
+                list(range(n)),
+            )
         mask = p.mask.cpu()
         if mask.shape != (n, cache.length + n) or not bool(mask[:, : cache.length].all()):
             raise ValueError("a masked pass must see its whole cached prefix ([n, cached + n] mask)")
@@ -430,8 +457,14 @@ class LlamaCppBackend:
         # w's view up to its own position; the most attending tokens take views first.
         owner: dict[int, int] = {}
         for i in sorted(range(n), key=lambda t: -len(attends[t])):
-            owner[i] = next((w for w in dict.fromkeys(owner.values()) if i in attends[w] and attends[i] ==
-                             {j for j in attends[w] if positions[j] <= positions[i]}), i)
+            owner[i] = next(
+                (
+                    w
+                    for w in dict.fromkeys(owner.values())
+                    if i in attends[w] and attends[i] == {j for j in attends[w] if positions[j] <= positions[i]}
+                ),
+                i,
+            )
         owners = list(dict.fromkeys(owner.values()))
         views: list[int] = []
         try:
@@ -445,23 +478,29 @@ class LlamaCppBackend:
             raise
         view_of = dict(zip(owners, views))
         # Token j is in the view of every owner that attends it; its own view comes first.
-        ids = [[view_of[owner[j]], *(view_of[w] for w in owners if w != owner[j] and j in attends[w])]
-               for j in range(n)]
+        ids = [
+            [view_of[owner[j]], *(view_of[w] for w in owners if w != owner[j] and j in attends[w])] for j in range(n)
+        ]
         slots = [0] * n
         for place, i in enumerate(order):
             slots[i] = place
-        return _Layout([t for t, _ in pending] + [p.tokens[i] for i in order],
-                       [q for _, q in pending] + [positions[i] for i in order],
-                       [[cache.seq, *views]] * len(pending) + [ids[i] for i in order],
-                       [False] * len(pending) + [outputs[i] for i in order], slots, views,
-                       [row[0] for row in ids], attends)
+        return _Layout(
+            [t for t, _ in pending] + [p.tokens[i] for i in order],
+            [q for _, q in pending] + [positions[i] for i in order],
+            [[cache.seq, *views]] * len(pending) + [ids[i] for i in order],
+            [False] * len(pending) + [outputs[i] for i in order],
+            slots,
+            views,
+            [row[0] for row in ids],
+            attends,
+        )
 
     def _run(self, passes: list[SeqPass], layouts: list[_Layout], step: int) -> tuple[list[dict], list[dict]]:
         """Decode every layout: the first pass of each sequence (its prompt, the same pass whatever
         the method or the batch) alone, in decodes of up to batch_tokens that llama.cpp splits as it
         likes (its fast tiled path for long prompts); every later pass in decodes of at most `step`
-        (exact_rows) tokens, where each row gets the bits a one-token pass gives it. Returns, per pass, its logits rows and
-        hidden rows by place in its layout."""
+        (exact_rows) tokens, where each row gets the bits a one-token pass gives it. Returns, per
+        pass, its logits rows and hidden rows by place in its layout."""
         entries = [(k, i) for k, layout in enumerate(layouts) for i in range(len(layout.tokens))]
         first = [(k, i) for k, i in entries if passes[k].cache.length == 0]
         later = [(k, i) for k, i in entries if passes[k].cache.length > 0]

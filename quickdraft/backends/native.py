@@ -14,13 +14,19 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from quickdraft.backends.backend import (PassCostsOnFirstRead, PassOutput, SeqPass, check_passes, logit_rows,
-                                         tapped_layers)
+from quickdraft.backends.backend import (
+    PassCostsOnFirstRead,
+    PassOutput,
+    SeqPass,
+    check_passes,
+    logit_rows,
+    tapped_layers,
+)
 from quickdraft.backends.kv_cache import KVCache
 from quickdraft.models.linear import Kernel, RowLinear, apply_linear
 from quickdraft.models.native_weights import Attention, NativeWeights, rms_norm
-from quickdraft.models.row_attention import KEY_CHUNK, group_keys, row_groups, row_invariant_attention
 from quickdraft.models.rotary import RotaryTable, rotate
+from quickdraft.models.row_attention import KEY_CHUNK, group_keys, row_groups, row_invariant_attention
 
 RowKernels = dict[int, Kernel]  # rows in a pass -> how its linear layers compute them (absent: packed, unpadded)
 
@@ -30,9 +36,16 @@ class NativeBackend:
 
     pass_ms = PassCostsOnFirstRead()
 
-    def __init__(self, weights: NativeWeights, name: str, tokenizer: PreTrainedTokenizerBase | None = None,
-                 eos_ids: frozenset[int] = frozenset(), layers: list[int] | None = None,
-                 row_kernels: RowKernels | None = None, in_place_trees: bool = False) -> None:
+    def __init__(
+        self,
+        weights: NativeWeights,
+        name: str,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        eos_ids: frozenset[int] = frozenset(),
+        layers: list[int] | None = None,
+        row_kernels: RowKernels | None = None,
+        in_place_trees: bool = False,
+    ) -> None:
         self.weights, self.name, self.tokenizer, self.eos_ids = weights, name, tokenizer, eos_ids
         self.layer_ids = list(range(len(weights.layers))) if layers is None else list(layers)
         self.row_kernels: RowKernels = row_kernels or {}
@@ -48,20 +61,27 @@ class NativeBackend:
         self.hidden_size = weights.embed.shape[1]
         self.device, self.dtype = weights.device, weights.dtype
         self.precision = weights.precision
-        self.rotary = RotaryTable(weights.inv_freq, weights.rope_scale, weights.max_length, weights.dtype,
-                                  self.device)
+        self.rotary = RotaryTable(weights.inv_freq, weights.rope_scale, weights.max_length, weights.dtype, self.device)
         # Gemma 3's sliding layers rotate with their own base: one table per schedule, the first the main one.
-        self.rotaries = [self.rotary] + [RotaryTable(f, 1.0, weights.max_length, weights.dtype, self.device)
-                                         for f in (weights.inv_freqs or [])[1:]]
+        self.rotaries = [self.rotary] + [
+            RotaryTable(f, 1.0, weights.max_length, weights.dtype, self.device) for f in (weights.inv_freqs or [])[1:]
+        ]
         self._windows = any(layer.window for layer in weights.layers)
         # Below fp32 attention is row-invariant: fp32 keys in whole chunks, values with a ones column.
         self._row_invariant = weights.dtype != torch.float32
 
     def new_cache(self, length: int | None = None) -> KVCache:
         w = self.weights
-        return KVCache(len(self.layer_ids), w.kv_heads, w.head_dim, self.max_length, dtype=torch.float32,
-                       device=self.device, ones_column=self._row_invariant,
-                       granularity=KEY_CHUNK if self._row_invariant else 1)
+        return KVCache(
+            len(self.layer_ids),
+            w.kv_heads,
+            w.head_dim,
+            self.max_length,
+            dtype=torch.float32,
+            device=self.device,
+            ones_column=self._row_invariant,
+            granularity=KEY_CHUNK if self._row_invariant else 1,
+        )
 
     @torch.inference_mode()
     def forward(self, passes: list[SeqPass]) -> list[PassOutput]:
@@ -91,8 +111,13 @@ class NativeBackend:
                 n = rows.shape[0]
                 qk = rows[:, : q_size + kv_size].view(n, w.heads + w.kv_heads, w.head_dim)  # [n, H + KV, D]
                 if layer.q_norm is not None:  # Gemma: each head's q and k normed before rotating
-                    qk = torch.cat([rms_norm(qk[:, : w.heads], layer.q_norm, w.eps),
-                                    rms_norm(qk[:, w.heads :], layer.k_norm, w.eps)], dim=1)
+                    qk = torch.cat(
+                        [
+                            rms_norm(qk[:, : w.heads], layer.q_norm, w.eps),
+                            rms_norm(qk[:, w.heads :], layer.k_norm, w.eps),
+                        ],
+                        dim=1,
+                    )
                 # q and k rotate together: one set of operations for both.
                 qk = rotate(qk.transpose(0, 1), *rotations[layer.rotary])  # [H + KV, n, D]
                 v = rows[:, q_size + kv_size :].view(n, w.kv_heads, w.head_dim).transpose(0, 1)  # [KV, n, D]
@@ -115,8 +140,10 @@ class NativeBackend:
         counts = [r.shape[0] for r in rows]
         logits = self._linear(w.lm_head, torch.cat(rows)).float() if sum(counts) else None  # [rows, V]
         parts = logits.split(counts) if logits is not None else [None] * len(passes)
-        return [PassOutput(part if p.logits != "none" else None, h.float() if p.hidden else None)
-                for p, part, h in zip(passes, parts, hidden)]
+        return [
+            PassOutput(part if p.logits != "none" else None, h.float() if p.hidden else None)
+            for p, part, h in zip(passes, parts, hidden)
+        ]
 
     def _linear(self, linear, x: torch.Tensor, prompt: torch.Tensor | bool | None = None) -> torch.Tensor:
         """linear(x) [N, in] -> [N, out]; prompt: which rows are prompt rows (bool [N], True: all,
@@ -153,12 +180,22 @@ class NativeBackend:
         window_mask = None
         if self._windows:  # a sliding layer's row sees keys less than its window behind it (by position)
             window = next(layer.window for layer in self.weights.layers if layer.window)
-            keys = torch.cat([torch.arange(start, device=self.device), position_ids])  # committed entries sit at their positions
+            keys = torch.cat(
+                [torch.arange(start, device=self.device), position_ids]
+            )  # committed entries sit at their positions
             window_mask = (mask & (position_ids[:, None] - keys[None] < window))[None, None]
         return rotations, Attention(None if mask is None else mask[None, None], [], window_mask)
 
-    def _attend(self, cache: KVCache, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                attention: Attention, window: int | None = None) -> torch.Tensor:
+    def _attend(
+        self,
+        cache: KVCache,
+        slot: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attention: Attention,
+        window: int | None = None,
+    ) -> torch.Tensor:
         """Write k, v [KV, n, D] after the cache's entries, attend with q [H, n, D] -> [n, H * D]
         (window: a sliding layer's, whose rows see only the keys within it)."""
         w, n = self.weights, q.shape[1]
@@ -166,14 +203,20 @@ class NativeBackend:
         if not attention.groups:
             end = cache.length + n
             keys, values = cache.keys[slot, :, :end], cache.values[slot, :, :end]  # [KV, end, D]
-            attn = F.scaled_dot_product_attention(q[None], keys[None].to(q.dtype), values[None].to(q.dtype),
-                                                  attn_mask=attention.window_mask if window else attention.mask,
-                                                  scale=w.attn_scale,
-                                                  enable_gqa=w.heads != w.kv_heads)[0]  # [H, n, D]
+            attn = F.scaled_dot_product_attention(
+                q[None],
+                keys[None].to(q.dtype),
+                values[None].to(q.dtype),
+                attn_mask=attention.window_mask if window else attention.mask,
+                scale=w.attn_scale,
+                enable_gqa=w.heads != w.kv_heads,
+            )[0]  # [H, n, D]
         else:
             keys, values = cache.keys[slot], cache.values[slot]  # [KV, capacity, D (+1)]
-            parts = [(g.rows, row_invariant_attention(q[:, g.rows], *group_keys(keys, values, g), g.hidden,
-                                                      w.attn_scale)) for g in attention.groups]
+            parts = [
+                (g.rows, row_invariant_attention(q[:, g.rows], *group_keys(keys, values, g), g.hidden, w.attn_scale))
+                for g in attention.groups
+            ]
             if len(parts) == 1:
                 attn = parts[0][1]
             else:

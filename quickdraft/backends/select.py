@@ -65,7 +65,7 @@ TIMED_NATIVE_SHARE = 0.5
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """"auto": the GPU when CUDA is present, else the CPU; "cuda" (or "cuda:N") must be present."""
+    """ "auto": the GPU when CUDA is present, else the CPU; "cuda" (or "cuda:N") must be present."""
     name = str(device)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -92,8 +92,9 @@ def check_precision(precision: str, kind: str) -> None:
 
 def check_llama_cpp_installed() -> None:
     if not llama_cpp_installed():
-        raise QuickdraftError("backend 'llama.cpp' needs llama-cpp-python (./setup.sh builds it; or "
-                              "pip install llama-cpp-python==0.3.36)")
+        raise QuickdraftError(
+            "backend 'llama.cpp' needs llama-cpp-python (./setup.sh builds it; or pip install llama-cpp-python==0.3.36)"
+        )
 
 
 def check_device(traits: BackendTraits, device: torch.device) -> None:
@@ -109,9 +110,17 @@ class Choice(NamedTuple):
     reason: str
 
 
-def choose_backend(config: PretrainedConfig, gguf: Path | None, name: str, kind: str = AUTO,
-                   precision: str | None = None, device: str | torch.device = AUTO, inner_layers: bool = False,
-                   stored: str = "fp32", verdict: Callable[[], BackendChoice | None] | None = None) -> Choice:
+def choose_backend(
+    config: PretrainedConfig,
+    gguf: Path | None,
+    name: str,
+    kind: str = AUTO,
+    precision: str | None = None,
+    device: str | torch.device = AUTO,
+    inner_layers: bool = False,
+    stored: str = "fp32",
+    verdict: Callable[[], BackendChoice | None] | None = None,
+) -> Choice:
     """The one place a backend is chosen, from the traits (backends/kinds.py). Asked for: that
     backend, checked (device, architecture, file, precision, inner layers). auto: on a CUDA
     device, static where the architecture is supported and the precision dense; on a CPU,
@@ -127,8 +136,9 @@ def choose_backend(config: PretrainedConfig, gguf: Path | None, name: str, kind:
     if precision is not None:
         check_precision(precision, kind)
     if kind != AUTO:
-        return _asked(traits_of(kind), config, gguf, name, precision or (stored if kind == HF else None), device,
-                      inner_layers)
+        return _asked(
+            traits_of(kind), config, gguf, name, precision or (stored if kind == HF else None), device, inner_layers
+        )
     if precision == GGUF:
         return _asked(TRAITS[LLAMA_CPP], config, gguf, name, precision, device, inner_layers, "precision gguf")
     default = precision or default_precision(device)
@@ -137,9 +147,13 @@ def choose_backend(config: PretrainedConfig, gguf: Path | None, name: str, kind:
     why = _why_not_llama_cpp(gguf, precision, device, inner_layers)
     if why is None:
         if not timed_against_native(config):
-            return Choice(LLAMA_CPP, GGUF, f"llama.cpp: a GGUF file, not timed against native: a native fp32 copy "
-                                           f"would take {human(native_fp32_bytes(config))}, over "
-                                           f"{human(TIMED_NATIVE_BYTES)} or half the memory free")
+            return Choice(
+                LLAMA_CPP,
+                GGUF,
+                f"llama.cpp: a GGUF file, not timed against native: a native fp32 copy "
+                f"would take {human(native_fp32_bytes(config))}, over "
+                f"{human(TIMED_NATIVE_BYTES)} or half the memory free",
+            )
         found = verdict() if verdict is not None else None
         if found is not None and found.llama_cpp:
             return Choice(LLAMA_CPP, GGUF, found.reason)
@@ -148,18 +162,30 @@ def choose_backend(config: PretrainedConfig, gguf: Path | None, name: str, kind:
         return Choice(NATIVE, default, why if why.startswith(f"{NATIVE}:") else f"{NATIVE}: {why}")
     chosen = precision or stored  # transformers' model in the checkpoint's own dtype unless asked otherwise
     if chosen not in TRAITS[HF].precisions:
-        raise QuickdraftError(f"the hf backend computes at {', '.join(TRAITS[HF].precisions)}, not {chosen}, and "
-                              f"the native backend does not support {name!r} ({config.model_type!r})")
+        raise QuickdraftError(
+            f"the hf backend computes at {', '.join(TRAITS[HF].precisions)}, not {chosen}, and "
+            f"the native backend does not support {name!r} ({config.model_type!r})"
+        )
     missing = f"does not compute at {default}" if supports(config, None) else "does not support it"
     return Choice(HF, chosen, f"{HF}: {why}; the native backend {missing}")
 
 
-def _asked(traits: BackendTraits, config: PretrainedConfig, gguf: Path | None, name: str, precision: str | None,
-           device: torch.device, inner_layers: bool, why: str = "") -> Choice:
+def _asked(
+    traits: BackendTraits,
+    config: PretrainedConfig,
+    gguf: Path | None,
+    name: str,
+    precision: str | None,
+    device: torch.device,
+    inner_layers: bool,
+    why: str = "",
+) -> Choice:
     """The backend the user named, or one clear error saying why it cannot run this."""
     if inner_layers and not traits.inner_layers:
-        raise QuickdraftError(f"this EAGLE-3 head drafts from the target's inner layers, which the {traits.name} "
-                              f"backend does not return; use backend='native' (or 'auto')")
+        raise QuickdraftError(
+            f"this EAGLE-3 head drafts from the target's inner layers, which the {traits.name} "
+            f"backend does not return; use backend='native' (or 'auto')"
+        )
     if traits.needs_gguf:
         check_llama_cpp_installed()
         if gguf is None:
@@ -171,8 +197,9 @@ def _asked(traits: BackendTraits, config: PretrainedConfig, gguf: Path | None, n
     return Choice(traits.name, chosen, f"{traits.name}: asked for ({why or f'backend={traits.name}'})")
 
 
-def _why_not_llama_cpp(gguf: Path | None, precision: str | None, device: torch.device,
-                       inner_layers: bool) -> str | None:
+def _why_not_llama_cpp(
+    gguf: Path | None, precision: str | None, device: torch.device, inner_layers: bool
+) -> str | None:
     """Why auto does not consider llama.cpp for a target (None: it does)."""
     if gguf is None:
         return "not a GGUF file"
@@ -238,8 +265,7 @@ def _timed_verdict(loaded: LoadedModel, device: torch.device, cache_dir: str | o
         print("quickdraft: timing llama.cpp against the native backend (once per machine and file)", file=sys.stderr)
         return time_pairs(fast, native, torch.get_num_threads())
 
-    return cached_backend_choice(shapes_folder(cache_dir), choice_signature(loaded.gguf, precision),
-                                 paired, precision)
+    return cached_backend_choice(shapes_folder(cache_dir), choice_signature(loaded.gguf, precision), paired, precision)
 
 
 def auto_choice(loaded: LoadedModel, device: str | torch.device) -> BackendChoice | None:
@@ -247,8 +273,9 @@ def auto_choice(loaded: LoadedModel, device: str | torch.device) -> BackendChoic
     return loaded.backends.get((AUTO, str(resolve_device(device))))
 
 
-def observe_passes(loaded: LoadedModel, device: str | torch.device, cache_dir: str | os.PathLike | None,
-                   one_token_seconds: list[float]) -> bool:
+def observe_passes(
+    loaded: LoadedModel, device: str | torch.device, cache_dir: str | os.PathLike | None, one_token_seconds: list[float]
+) -> bool:
     """After a run on auto's choice: drop the kept verdict if the run contradicts it (see choice.observe)."""
     choice = auto_choice(loaded, device)
     if choice is None or loaded.gguf is None:
@@ -257,10 +284,17 @@ def observe_passes(loaded: LoadedModel, device: str | torch.device, cache_dir: s
     return observe(shapes_folder(cache_dir), signature, choice, one_token_seconds)
 
 
-def make_backend(loaded: LoadedModel, kind: str = AUTO, precision: str = "fp32", device: str = "cpu",
-                 layers: list[int] | None = None, measure: bool = True,
-                 cache_dir: str | os.PathLike | None = None, context: int | None = None,
-                 kernel_rows: tuple[int, ...] = VERIFY_ROWS) -> Backend:
+def make_backend(
+    loaded: LoadedModel,
+    kind: str = AUTO,
+    precision: str = "fp32",
+    device: str = "cpu",
+    layers: list[int] | None = None,
+    measure: bool = True,
+    cache_dir: str | os.PathLike | None = None,
+    context: int | None = None,
+    kernel_rows: tuple[int, ...] = VERIFY_ROWS,
+) -> Backend:
     """The backend for `loaded` (only `layers` of it, for self-speculation), made once per setting
     and kept in `loaded.backends`: every decoder over the model shares it. kind auto: native where
     the architecture is supported at `precision`, else hf (choose_backend decides; a timed
@@ -268,8 +302,9 @@ def make_backend(loaded: LoadedModel, kind: str = AUTO, precision: str = "fp32",
     under cache_dir) and use the fastest. context: the llama.cpp backend's KV cells (None:
     llama_cpp.DEFAULT_CELLS at most). kernel_rows: the pass sizes a native bf16 kernel on a CPU is
     chosen for (shapes.VERIFY_ROWS for a target, DECODE_ROWS for a draft model)."""
-    kind = choose_backend(loaded.config, loaded.gguf, loaded.name, kind, precision, device,
-                          stored=loaded.stored_precision).kind
+    kind = choose_backend(
+        loaded.config, loaded.gguf, loaded.name, kind, precision, device, stored=loaded.stored_precision
+    ).kind
     device = resolve_device(device)
     traits = TRAITS[kind]
     if layers is not None and traits.subset is not None:
@@ -289,8 +324,15 @@ def make_backend(loaded: LoadedModel, kind: str = AUTO, precision: str = "fp32",
         whole = make_backend(loaded, kind, precision, str(device), None, measure, cache_dir, kernel_rows=kernel_rows)
     if native:
         if layers is not None:
-            backend = NativeBackend(whole.weights, loaded.name, loaded.tokenizer, loaded.eos_ids, layers,
-                                    whole.row_kernels, whole.in_place_trees)
+            backend = NativeBackend(
+                whole.weights,
+                loaded.name,
+                loaded.tokenizer,
+                loaded.eos_ids,
+                layers,
+                whole.row_kernels,
+                whole.in_place_trees,
+            )
             backend.widen_prompts = whole.widen_prompts
         else:
             weights = native_weights(loaded, precision, device, folder if measure else None, kernel_rows=kernel_rows)
@@ -299,10 +341,16 @@ def make_backend(loaded: LoadedModel, kind: str = AUTO, precision: str = "fp32",
                 backend.row_kernels = measure_row_kernels(weights, folder)
                 backend.in_place_trees = check_in_place_trees(weights, folder)
                 # bf16 one row at a time (a CPU without bf16 arithmetic): prompts may go faster widened.
-                backend.widen_prompts = (isinstance(weights.layers[0].qkv, RowLinear)
-                                         and measure_prompt_kernel(loaded.tensor, folder))
-                shape = {"threads": torch.get_num_threads(), "layers": len(weights.layers),
-                         "hidden": backend.hidden_size, "vocab": backend.vocab_size, "max_length": backend.max_length}
+                backend.widen_prompts = isinstance(weights.layers[0].qkv, RowLinear) and measure_prompt_kernel(
+                    loaded.tensor, folder
+                )
+                shape = {
+                    "threads": torch.get_num_threads(),
+                    "layers": len(weights.layers),
+                    "hidden": backend.hidden_size,
+                    "vocab": backend.vocab_size,
+                    "max_length": backend.max_length,
+                }
                 backend.time_passes = partial(measure_pass_costs, folder=folder, signature=shape, grid=NATIVE_COST_GRID)
     else:
         model = loaded.transformers_model(get_precision(precision).dtype)  # in the precision chosen
@@ -310,8 +358,14 @@ def make_backend(loaded: LoadedModel, kind: str = AUTO, precision: str = "fp32",
             model.to(device)  # transformers runs the model where its weights are
         if layers is not None:
             # The view's cache uses the full model's layout: each kept layer writes its own slot.
-            backend = HFBackend(layer_subset_model(model, layers), loaded.name, loaded.tokenizer,
-                                loaded.eos_ids, cache_config=model.config, pad_to=whole.pad_to)
+            backend = HFBackend(
+                layer_subset_model(model, layers),
+                loaded.name,
+                loaded.tokenizer,
+                loaded.eos_ids,
+                cache_config=model.config,
+                pad_to=whole.pad_to,
+            )
         else:
             backend = HFBackend(model, loaded.name, loaded.tokenizer, loaded.eos_ids)
             if measure:
@@ -320,8 +374,14 @@ def make_backend(loaded: LoadedModel, kind: str = AUTO, precision: str = "fp32",
     return backend
 
 
-def _subset_backend(loaded: LoadedModel, traits: BackendTraits, device: torch.device, layers: list[int],
-                   measure: bool, cache_dir: str | os.PathLike | None) -> Backend:
+def _subset_backend(
+    loaded: LoadedModel,
+    traits: BackendTraits,
+    device: torch.device,
+    layers: list[int],
+    measure: bool,
+    cache_dir: str | os.PathLike | None,
+) -> Backend:
     """A layer subset (self-speculation) of a backend that runs whole models only (llama.cpp) runs
     on traits.subset: native with the file's own 4-bit blocks (fp32 for an architecture it runs at
     fp32 only, Gemma 3: a drafter's precision is not exactness)."""
@@ -329,8 +389,13 @@ def _subset_backend(loaded: LoadedModel, traits: BackendTraits, device: torch.de
     return make_backend(loaded, traits.subset, precision, str(device), layers, measure, cache_dir)
 
 
-def _llama_cpp_backend(loaded: LoadedModel, device: torch.device, measure: bool,
-                       cache_dir: str | os.PathLike | None, context: int | None = None) -> Backend:
+def _llama_cpp_backend(
+    loaded: LoadedModel,
+    device: torch.device,
+    measure: bool,
+    cache_dir: str | os.PathLike | None,
+    context: int | None = None,
+) -> Backend:
     """llama.cpp runs whole GGUF models, on as many threads as torch uses (the CLI's --threads)."""
     gguf = loaded.gguf
     threads = torch.get_num_threads()
@@ -339,8 +404,15 @@ def _llama_cpp_backend(loaded: LoadedModel, device: torch.device, measure: bool,
         folder, signature = shapes_folder(cache_dir), {"file": file_key(gguf), "threads": threads}
         # Exactness, not speed: checked whatever measure says, the first time a pass needs it
         # (seconds to a minute, once per machine and file).
-        backend = LlamaCppBackend(gguf, loaded.name, loaded.tokenizer, loaded.eos_ids, threads, cells=context,
-                                  check_exact_rows=partial(_kept_exact_rows, folder, signature))
+        backend = LlamaCppBackend(
+            gguf,
+            loaded.name,
+            loaded.tokenizer,
+            loaded.eos_ids,
+            threads,
+            cells=context,
+            check_exact_rows=partial(_kept_exact_rows, folder, signature),
+        )
         if measure:
             backend.time_passes = partial(measure_pass_costs, folder=folder, signature=signature)
         loaded.backends[key] = backend
@@ -352,8 +424,14 @@ def _kept_exact_rows(folder: Path, signature: dict, backend: LlamaCppBackend) ->
     return int(cached_choice(folder, {"check": "llama.cpp exact rows", **signature}, backend.measure_exact_rows))
 
 
-def _static_backend(loaded: LoadedModel, precision: str, device: torch.device, layers: list[int] | None,
-                    measure: bool, cache_dir: str | os.PathLike | None) -> Backend:
+def _static_backend(
+    loaded: LoadedModel,
+    precision: str,
+    device: torch.device,
+    layers: list[int] | None,
+    measure: bool,
+    cache_dir: str | os.PathLike | None,
+) -> Backend:
     """Fixed-shape passes (CUDA graphs on a GPU) over dense weights shared with any layer subset;
     measure: time its passes of STATIC_GRID tokens (the cost model and the tree budget read them)."""
     key = (STATIC, precision, str(device), tuple(layers) if layers else None, measure)
@@ -361,8 +439,12 @@ def _static_backend(loaded: LoadedModel, precision: str, device: torch.device, l
         weights = native_weights(loaded, precision, device, dense="linear")
         backend = StaticBackend(weights, loaded.name, loaded.tokenizer, loaded.eos_ids, layers, rows=STATIC_ROWS)
         if measure:
-            backend.time_passes = partial(measure_pass_costs, folder=shapes_folder(cache_dir),
-                                          signature={"rows": STATIC_ROWS, "layers": layers}, grid=STATIC_GRID)
+            backend.time_passes = partial(
+                measure_pass_costs,
+                folder=shapes_folder(cache_dir),
+                signature={"rows": STATIC_ROWS, "layers": layers},
+                grid=STATIC_GRID,
+            )
         loaded.backends[key] = backend
     return loaded.backends[key]
 
@@ -372,9 +454,14 @@ def shapes_folder(cache_dir: str | os.PathLike | None) -> Path:
     return (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "pass_shapes"
 
 
-def native_weights(loaded: LoadedModel, precision: str, device: torch.device,
-                   shapes: Path | None = None, dense: str = "bf16",
-                   kernel_rows: tuple[int, ...] = VERIFY_ROWS) -> NativeWeights:
+def native_weights(
+    loaded: LoadedModel,
+    precision: str,
+    device: torch.device,
+    shapes: Path | None = None,
+    dense: str = "bf16",
+    kernel_rows: tuple[int, ...] = VERIFY_ROWS,
+) -> NativeWeights:
     """Weights at `precision` on `device`, read once from the model's source; int4 from a GGUF file
     takes the file's own 4-bit blocks. shapes: where measured kernel choices live (bf16 on a CPU:
     bf16 columns or one row at a time, whichever this machine does faster at `kernel_rows` rows);
@@ -383,12 +470,36 @@ def native_weights(loaded: LoadedModel, precision: str, device: torch.device,
         dense = measure_dense_kernel(loaded.tensor, shapes, kernel_rows)
     key = (precision, str(device), dense)
     if key not in loaded.native:
-        loaded.native[key] = NativeWeights.from_source(loaded.config, loaded.weights, precision, device=device,
-                                                       dense_kernel=dense, progress=loaded.weights.nbytes() > GIB)
+        loaded.native[key] = NativeWeights.from_source(
+            loaded.config,
+            loaded.weights,
+            precision,
+            device=device,
+            dense_kernel=dense,
+            progress=loaded.weights.nbytes() > GIB,
+        )
     return loaded.native[key]
 
 
-__all__ = ["BACKENDS", "DEVICES", "GGUF", "LLAMA_CPP", "PRECISIONS", "STATIC", "Choice", "auto_choice",
-           "auto_verdict", "check_backend_kind", "check_precision", "choice_signature", "choose_backend",
-           "default_precision", "draft_backend", "make_backend", "native_weights", "observe_passes",
-           "resolve_device", "static_supports"]
+__all__ = [
+    "BACKENDS",
+    "DEVICES",
+    "GGUF",
+    "LLAMA_CPP",
+    "PRECISIONS",
+    "STATIC",
+    "Choice",
+    "auto_choice",
+    "auto_verdict",
+    "check_backend_kind",
+    "check_precision",
+    "choice_signature",
+    "choose_backend",
+    "default_precision",
+    "draft_backend",
+    "make_backend",
+    "native_weights",
+    "observe_passes",
+    "resolve_device",
+    "static_supports",
+]

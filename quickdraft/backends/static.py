@@ -83,9 +83,19 @@ class StaticBackend:
 
     pass_ms = PassCostsOnFirstRead()
 
-    def __init__(self, weights: NativeWeights, name: str, tokenizer: PreTrainedTokenizerBase | None = None,
-                 eos_ids: frozenset[int] = frozenset(), layers: list[int] | None = None, *, rows: int = 64,
-                 context: int | None = None, slots: int = 2, graphs: bool | None = None) -> None:
+    def __init__(
+        self,
+        weights: NativeWeights,
+        name: str,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        eos_ids: frozenset[int] = frozenset(),
+        layers: list[int] | None = None,
+        *,
+        rows: int = 64,
+        context: int | None = None,
+        slots: int = 2,
+        graphs: bool | None = None,
+    ) -> None:
         if rows < 1 or slots < 1:
             raise ValueError(f"rows and slots must be >= 1, got {rows} and {slots}")
         self.weights, self.name, self.tokenizer, self.eos_ids = weights, name, tokenizer, eos_ids
@@ -108,8 +118,9 @@ class StaticBackend:
         self.keys = self.values = torch.empty(0)
         self._allocate(slots)
         # (batch, span, taps) -> a captured graph, its input buffers and its outputs
-        self._graphs: dict[tuple[int, int, tuple[int, ...]],
-                           tuple[torch.cuda.CUDAGraph, _Inputs, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._graphs: dict[
+            tuple[int, int, tuple[int, ...]], tuple[torch.cuda.CUDAGraph, _Inputs, tuple[torch.Tensor, torch.Tensor]]
+        ] = {}
         self._graph_pool = None
 
     # -- the pool -------------------------------------------------------------------------------
@@ -234,16 +245,22 @@ class StaticBackend:
         graph.replay()
         return outputs
 
-    def _capture(self, batch: int, span: int,
-                 taps: tuple[int, ...]) -> tuple[torch.cuda.CUDAGraph, _Inputs, tuple[torch.Tensor, torch.Tensor]]:
+    def _capture(
+        self, batch: int, span: int, taps: tuple[int, ...]
+    ) -> tuple[torch.cuda.CUDAGraph, _Inputs, tuple[torch.Tensor, torch.Tensor]]:
         """A CUDA graph of one pass of `batch` sequences attending over `span` keys, over static input
         buffers (gpt-fast's way: warm up on a side stream, then capture). The warm-up writes only
         past the context."""
         m, context, device = self.rows, self.max_length, self.device
         zeros = torch.zeros(batch, m, dtype=torch.long, device=device)
-        static = _Inputs(zeros.clone(), zeros.clone(), torch.arange(context, context + m, device=device).repeat(batch, 1),
-                         zeros.clone(), torch.zeros(batch, dtype=torch.long, device=device),
-                         torch.ones(batch, m, span, dtype=torch.bool, device=device).tril())
+        static = _Inputs(
+            zeros.clone(),
+            zeros.clone(),
+            torch.arange(context, context + m, device=device).repeat(batch, 1),
+            zeros.clone(),
+            torch.zeros(batch, dtype=torch.long, device=device),
+            torch.ones(batch, m, span, dtype=torch.bool, device=device).tril(),
+        )
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(device)
@@ -262,8 +279,9 @@ class StaticBackend:
         w = self.weights
         batch, m = inputs.tokens.shape
         span = inputs.visible.shape[2]
-        far, near, near_visible = window_keys(inputs.visible.view(batch * m, span), inputs.split.view(-1),
-                                              self.tree_window)  # [B*M, span], [B*M, W] x2
+        far, near, near_visible = window_keys(
+            inputs.visible.view(batch * m, span), inputs.split.view(-1), self.tree_window
+        )  # [B*M, span], [B*M, W] x2
         near = near.view(batch, m, -1)
         q_size, kv_size = w.heads * w.head_dim, w.kv_heads * w.head_dim
         slot_rows = inputs.slots[:, None].expand(batch, m).reshape(-1)  # [B*M]
@@ -284,10 +302,15 @@ class StaticBackend:
             self.values[slot].index_put_((slot_rows, writes), v)
             pool_k, pool_v = self.keys[slot], self.values[slot]  # [slots, context + M, KV, D]
             near_slots = inputs.slots[:, None, None]  # [B, 1, 1]
-            attended = window_attention(q.view(batch, m, w.heads, w.head_dim),
-                                        pool_k[inputs.slots, :span], pool_v[inputs.slots, :span],
-                                        far.view(batch, m, span), pool_k[near_slots, near], pool_v[near_slots, near],
-                                        near_visible.view(batch, m, -1))
+            attended = window_attention(
+                q.view(batch, m, w.heads, w.head_dim),
+                pool_k[inputs.slots, :span],
+                pool_v[inputs.slots, :span],
+                far.view(batch, m, span),
+                pool_k[near_slots, near],
+                pool_v[near_slots, near],
+                near_visible.view(batch, m, -1),
+            )
             x = x + layer.o(attended)
             gate, up = layer.gate_up(rms_norm(x, layer.post_norm, w.eps)).chunk(2, dim=-1)  # [B*M, I]
             x = x + layer.down(F.silu(gate) * up)
@@ -296,7 +319,9 @@ class StaticBackend:
         return w.lm_head(hidden).float(), features.float()
 
 
-def window_keys(visible: torch.Tensor, split: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def window_keys(
+    visible: torch.Tensor, split: torch.Tensor, window: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Which keys each row reads as far keys and which as near ones. visible [R, C] bool (keys a row
     may attend, by pool entry), split [R] (entries below it are far) -> far [R, C] bool, near [R, W]
     (pool entries, ascending; unused ones 0) and near_visible [R, W] bool. A row with more than W
@@ -315,8 +340,15 @@ def window_keys(visible: torch.Tensor, split: torch.Tensor, window: int) -> tupl
     return far, near[:, :window], near_visible
 
 
-def window_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, far: torch.Tensor,
-                     near_keys: torch.Tensor, near_values: torch.Tensor, near_visible: torch.Tensor) -> torch.Tensor:
+def window_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    far: torch.Tensor,
+    near_keys: torch.Tensor,
+    near_values: torch.Tensor,
+    near_visible: torch.Tensor,
+) -> torch.Tensor:
     """Softmax attention of q [B, M, H, D] over far keys and values [B, L, KV, D] (far [B, M, L]:
     which a row reads) and each row's near keys and values [B, M, W, KV, D] (near_visible
     [B, M, W]) -> [B*M, H*D]. One softmax over both; plain matrix products of one shape for every
@@ -331,11 +363,13 @@ def window_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     far_scores = far_scores.view(batch, kv_heads, group, m, -1)
     near_scores = torch.matmul(grouped, near_keys.permute(0, 1, 3, 4, 2)).float()  # [B, M, KV, G, W]
     near_scores = near_scores.permute(0, 2, 3, 1, 4)  # [B, KV, G, M, W]
-    scores = torch.cat([far_scores, near_scores], dim=-1) * dim ** -0.5  # [B, KV, G, M, L + W]
+    scores = torch.cat([far_scores, near_scores], dim=-1) * dim**-0.5  # [B, KV, G, M, L + W]
     seen = torch.cat([far, near_visible], dim=-1)[:, None, None]  # [B, 1, 1, M, L + W]
     weights = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1).to(q.dtype)
     far_weights = weights[..., :-window].reshape(batch, kv_heads, group * m, -1)  # [B, KV, G*M, L]
     near_weights = weights[..., -window:].permute(0, 3, 1, 2, 4)  # [B, M, KV, G, W]
     out = torch.matmul(far_weights, values.transpose(1, 2)).view(batch, kv_heads, group, m, dim)
-    out = out.permute(0, 3, 1, 2, 4) + torch.matmul(near_weights, near_values.permute(0, 1, 3, 2, 4))  # [B, M, KV, G, D]
+    out = out.permute(0, 3, 1, 2, 4) + torch.matmul(
+        near_weights, near_values.permute(0, 1, 3, 2, 4)
+    )  # [B, M, KV, G, D]
     return out.reshape(batch * m, heads * dim)

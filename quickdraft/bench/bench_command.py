@@ -57,7 +57,12 @@ def bench(
         contenders += llama_cpp_peers(decoder.target.gguf, decoder.eos_ids)
     result = run_bench(encoded, contenders, settings, progress)
     summaries = summarise_all(result)
-    header = {"target": decoder.target.name, "precision": decoder.precision, "backend": decoder.backend_kind,
-              "prompts": str(source) if source else "the built-in prompt set",
-              "methods": methods, "peers": list(peers)} | ({"command": command} if command else {})
+    header = {
+        "target": decoder.target.name,
+        "precision": decoder.precision,
+        "backend": decoder.backend_kind,
+        "prompts": str(source) if source else "the built-in prompt set",
+        "methods": methods,
+        "peers": list(peers),
+    } | ({"command": command} if command else {})
     return write_report(output, result, summaries, header)

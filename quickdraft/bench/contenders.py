@@ -54,8 +54,16 @@ class MethodContender:
     def run(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> RunRecord:
         out = self.decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
         s = out.stats
-        return RunRecord(out.token_ids, s.wall_time, s.target_passes, s.drafted_tokens, s.accepted_tokens,
-                         list(s.drafted_by_position), list(s.accepted_by_position), s.draft_time + s.verify_time)
+        return RunRecord(
+            out.token_ids,
+            s.wall_time,
+            s.target_passes,
+            s.drafted_tokens,
+            s.accepted_tokens,
+            list(s.drafted_by_position),
+            list(s.accepted_by_position),
+            s.draft_time + s.verify_time,
+        )
 
 
 def parse_spec(spec: str) -> list[tuple[str, str, dict]]:
@@ -78,9 +86,13 @@ def method_contenders(base: Decoder, specs: list[str]) -> list[MethodContender]:
     expanded: list[tuple[str, str, dict]] = []
     for spec in specs:
         if spec == "all":
-            expanded += [(name, name, {}) for name, method in METHODS.items()
-                         if method.speculative and (base.draft is not None or not method.needs_draft_model)
-                         and (not method.needs_hidden or has_head(name, base.target))]
+            expanded += [
+                (name, name, {})
+                for name, method in METHODS.items()
+                if method.speculative
+                and (base.draft is not None or not method.needs_draft_model)
+                and (not method.needs_hidden or has_head(name, base.target))
+            ]
         else:
             expanded += parse_spec(spec)
     contenders = [MethodContender(BASELINE, base.with_method(BASELINE))]
@@ -100,8 +112,10 @@ def method_contenders(base: Decoder, specs: list[str]) -> list[MethodContender]:
 
     for name, method, settings in expanded:
         if name == BASELINE:
-            raise QuickdraftError("method none is the baseline and always runs; leave it out of the list "
-                                  "(none:precision=... adds plain decoding at another precision)")
+            raise QuickdraftError(
+                "method none is the baseline and always runs; leave it out of the list "
+                "(none:precision=... adds plain decoding at another precision)"
+            )
         if name not in (c.name for c in contenders):
             add(name, method, settings)
     return contenders

@@ -71,8 +71,9 @@ class Footprint:
 
 def footprint(command: list[str], env: dict[str, str] | None = None, timeout: float = 3600) -> Footprint:
     """Run `command` in a fresh process; its peak RSS and wall time (an error with its stderr if it fails)."""
-    run = subprocess.run([sys.executable, "-c", _PEAK, *command], capture_output=True, text=True, timeout=timeout,
-                         env=env)
+    run = subprocess.run(
+        [sys.executable, "-c", _PEAK, *command], capture_output=True, text=True, timeout=timeout, env=env
+    )
     if run.returncode:
         raise RuntimeError(f"{command[:4]} failed: {run.stderr[-3000:]}")
     peak, seconds, load = run.stdout.strip().splitlines()[-1].split()

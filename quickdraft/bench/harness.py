@@ -44,8 +44,9 @@ class BenchResult:
         return self.settings.temperature == 0
 
 
-def run_bench(encoded: list[tuple[str, list[int]]], contenders: list[Contender], settings: BenchSettings,
-              progress: bool = True) -> BenchResult:
+def run_bench(
+    encoded: list[tuple[str, list[int]]], contenders: list[Contender], settings: BenchSettings, progress: bool = True
+) -> BenchResult:
     """Run each (category, prompt ids) through every contender; the baseline must come first.
 
     Each prompt's contenders run back to back, the order rotated from prompt to prompt so no
@@ -62,7 +63,7 @@ def run_bench(encoded: list[tuple[str, list[int]]], contenders: list[Contender],
     with tqdm(total=total, desc="bench", unit="run", disable=not progress) as bar:
         for index, (category, ids) in enumerate(encoded):
             row = PromptRuns(category, len(ids), {c.name: [] for c in contenders})
-            order = contenders[index % len(contenders):] + contenders[: index % len(contenders)]
+            order = contenders[index % len(contenders) :] + contenders[: index % len(contenders)]
             for _ in range(settings.repeats):
                 for contender in order:
                     bar.set_postfix_str(f"{category}: {contender.name}"[:40])

@@ -28,36 +28,59 @@ class TransformersGenerate:
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> RunRecord:
         input_ids = torch.tensor([prompt_ids])  # [1, prompt]
-        sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0
-                    else dict(do_sample=False, temperature=None, top_k=None, top_p=None))
+        sampling = (
+            dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+            if temperature > 0
+            else dict(do_sample=False, temperature=None, top_k=None, top_p=None)
+        )
         torch.manual_seed(seed)  # generate samples from torch's default generator
         start = time.perf_counter()
         with torch.inference_mode():
-            output = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                                         max_new_tokens=max_new_tokens, eos_token_id=self.eos or None,
-                                         pad_token_id=self.eos[0] if self.eos else 0, **sampling, **self.options)
+            output = self.model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_new_tokens,
+                eos_token_id=self.eos or None,
+                pad_token_id=self.eos[0] if self.eos else 0,
+                **sampling,
+                **self.options,
+            )
         seconds = time.perf_counter() - start
-        return RunRecord(output[0, len(prompt_ids):].tolist(), seconds)
+        return RunRecord(output[0, len(prompt_ids) :].tolist(), seconds)
 
 
-def transformers_peers(target: LoadedModel, draft: LoadedModel | None, eos_ids: frozenset[int],
-                       early_exit_layers: int | None = None) -> list[TransformersGenerate]:
+def transformers_peers(
+    target: LoadedModel, draft: LoadedModel | None, eos_ids: frozenset[int], early_exit_layers: int | None = None
+) -> list[TransformersGenerate]:
     """Plain generate, its prompt lookup, its assisted generation (with a draft) and early exit."""
     layers = early_exit_layers or max(1, target.layers // 4)
     peers = [
         TransformersGenerate("transformers generate", target, eos_ids),
-        TransformersGenerate(f"transformers prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS}", target, eos_ids,
-                             prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS),
-        TransformersGenerate(f"transformers assistant_early_exit={layers}", target, eos_ids,
-                             assistant_early_exit=layers),
+        TransformersGenerate(
+            f"transformers prompt_lookup_num_tokens={PROMPT_LOOKUP_TOKENS}",
+            target,
+            eos_ids,
+            prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS,
+        ),
+        TransformersGenerate(
+            f"transformers assistant_early_exit={layers}", target, eos_ids, assistant_early_exit=layers
+        ),
     ]
     if draft is not None and not other_tokenizer(target, draft):
-        peers.append(TransformersGenerate("transformers assistant_model", target, eos_ids,
-                                          assistant_model=draft.model))
-    elif draft is not None:  # another tokenizer: transformers' universal assisted generation re-tokenizes the draft's text
-        peers.append(TransformersGenerate("transformers assistant_model (universal assisted generation)", target,
-                                          eos_ids, assistant_model=draft.model, tokenizer=target.tokenizer,
-                                          assistant_tokenizer=draft.tokenizer))
+        peers.append(TransformersGenerate("transformers assistant_model", target, eos_ids, assistant_model=draft.model))
+    elif (
+        draft is not None
+    ):  # another tokenizer: transformers' universal assisted generation re-tokenizes the draft's text
+        peers.append(
+            TransformersGenerate(
+                "transformers assistant_model (universal assisted generation)",
+                target,
+                eos_ids,
+                assistant_model=draft.model,
+                tokenizer=target.tokenizer,
+                assistant_tokenizer=draft.tokenizer,
+            )
+        )
     return peers
 
 
@@ -76,21 +99,27 @@ class LlamaCpp:
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         self.speculative, self.eos_ids = prompt_lookup, eos_ids
-        self.name = (f"llama.cpp prompt lookup num_pred_tokens={PROMPT_LOOKUP_TOKENS}" if prompt_lookup
-                     else "llama.cpp")
+        self.name = f"llama.cpp prompt lookup num_pred_tokens={PROMPT_LOOKUP_TOKENS}" if prompt_lookup else "llama.cpp"
         draft = LlamaPromptLookupDecoding(num_pred_tokens=PROMPT_LOOKUP_TOKENS) if prompt_lookup else None
         # logits_all with a draft model: llama-cpp-python 0.3.36 sizes its logits buffer from this
         # argument, and overflows it on prompts over 512 tokens when it is left False.
-        self.llm = Llama(model_path=str(gguf), n_ctx=context, n_threads=torch.get_num_threads(),
-                         draft_model=draft, logits_all=prompt_lookup, verbose=False)
+        self.llm = Llama(
+            model_path=str(gguf),
+            n_ctx=context,
+            n_threads=torch.get_num_threads(),
+            draft_model=draft,
+            logits_all=prompt_lookup,
+            verbose=False,
+        )
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> RunRecord:
         self.llm.reset()  # no prefix reuse between runs: every contender prefills
         self.llm.set_seed(seed)
         tokens: list[int] = []
         start = time.perf_counter()
-        for token in self.llm.generate(prompt_ids, temp=temperature, top_k=0, top_p=1.0, min_p=0.0,
-                                       repeat_penalty=1.0, reset=True):
+        for token in self.llm.generate(
+            prompt_ids, temp=temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True
+        ):
             tokens.append(int(token))
             if token in self.eos_ids or len(tokens) == max_new_tokens:
                 break

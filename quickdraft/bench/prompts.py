@@ -10,8 +10,9 @@ from quickdraft.errors import QuickdraftError
 
 SPEC_BENCH_RELATIVE = Path("shared") / "data" / "spec_bench" / "question.jsonl"
 # Spec-Bench reports six task groups; its first 80 questions are MT-bench's, tagged with these.
-MT_BENCH_CATEGORIES = frozenset({"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
-                                 "humanities"})
+MT_BENCH_CATEGORIES = frozenset(
+    {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+)
 SPEC_BENCH_TASKS = frozenset({"translation", "summarization", "qa", "math_reasoning", "rag"})
 
 # Written for this project (used when no prompt file is given or found): two prompts per task.
@@ -80,8 +81,9 @@ def read_prompt_file(path: Path) -> list[BenchPrompt]:
     return prompts
 
 
-def load_prompts(path: Path | None = None, categories: list[str] | None = None,
-                 per_category: int | None = None) -> list[BenchPrompt]:
+def load_prompts(
+    path: Path | None = None, categories: list[str] | None = None, per_category: int | None = None
+) -> list[BenchPrompt]:
     """The first `per_category` prompts of each chosen category, categories in file order.
 
     path None: the built-in set."""

@@ -32,8 +32,11 @@ def cpu() -> str:
     """The processor's name (from /proc/cpuinfo where there is one) and its core count."""
     name = platform.processor() or platform.machine()
     try:
-        name = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
+        name = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         pass
     return f"{name}, {os.cpu_count()} cores"
@@ -44,12 +47,24 @@ def _ratio(value: float | None, digits: int = 2, suffix: str = "") -> str:
 
 
 PREDICTION = "predicted / measured decode speedup"
-COLUMNS = ("tok/s", "speedup vs none", "mean accepted length", "acceptance rate", "mean K", PREDICTION,
-           "outputs != reference")
+COLUMNS = (
+    "tok/s",
+    "speedup vs none",
+    "mean accepted length",
+    "acceptance rate",
+    "mean K",
+    PREDICTION,
+    "outputs != reference",
+)
 
 
-def table(summaries: dict[str, Summary], greedy: bool, methods: set[str], with_prediction: bool,
-          columns: tuple[str, ...] | None = None) -> list[str]:
+def table(
+    summaries: dict[str, Summary],
+    greedy: bool,
+    methods: set[str],
+    with_prediction: bool,
+    columns: tuple[str, ...] | None = None,
+) -> list[str]:
     """One row per contender. columns: a subset of COLUMNS, in order (default: all; the prediction only
     with_prediction)."""
     columns = columns or tuple(c for c in COLUMNS if with_prediction or c != PREDICTION)
@@ -60,15 +75,22 @@ def table(summaries: dict[str, Summary], greedy: bool, methods: set[str], with_p
         elif s.reference == name:
             mismatch = "reference"
         else:
-            mismatch = (f"{len(s.mismatches)}/{s.prompts}" + ("" if name in methods else " (peer)")
-                        + ("" if s.reference == BASELINE else f" vs {s.reference}"))
-        cells = {"tok/s": f"{s.tokens_per_second:.1f}", "speedup vs none": f"{s.speedup:.2f}x",
-                 "mean accepted length": _ratio(s.mean_accepted_length),
-                 "acceptance rate": "" if s.acceptance_rate is None else f"{s.acceptance_rate:.1%}",
-                 "mean K": _ratio(s.mean_k, 1),
-                 PREDICTION: "" if s.predicted_speedup is None
-                 else f"{s.predicted_speedup:.2f}x / {s.measured_decode_speedup:.2f}x",
-                 "outputs != reference": mismatch}
+            mismatch = (
+                f"{len(s.mismatches)}/{s.prompts}"
+                + ("" if name in methods else " (peer)")
+                + ("" if s.reference == BASELINE else f" vs {s.reference}")
+            )
+        cells = {
+            "tok/s": f"{s.tokens_per_second:.1f}",
+            "speedup vs none": f"{s.speedup:.2f}x",
+            "mean accepted length": _ratio(s.mean_accepted_length),
+            "acceptance rate": "" if s.acceptance_rate is None else f"{s.acceptance_rate:.1%}",
+            "mean K": _ratio(s.mean_k, 1),
+            PREDICTION: ""
+            if s.predicted_speedup is None
+            else f"{s.predicted_speedup:.2f}x / {s.measured_decode_speedup:.2f}x",
+            "outputs != reference": mismatch,
+        }
         lines.append("| " + " | ".join([name] + [cells[c] for c in columns]) + " |")
     return lines
 
@@ -88,11 +110,13 @@ def markdown(result: BenchResult, summaries: dict[str, dict[str, Summary]], head
     methods = {c.name for c in result.contenders if isinstance(c, MethodContender)}
     categories = [g for g in summaries if g != OVERALL]
     lines = [
-        "# quickdraft bench", "",
+        "# quickdraft bench",
+        "",
         f"Target: {header['target']} ({header['precision']}, {header['backend']} backend); "
         f"{len(result.prompts)} prompts from {header['prompts']} ({', '.join(categories)}); {sampling}; "
         f"at most {s.max_new_tokens} new tokens; {s.repeats} repeat(s); {header['date']}; "
-        + "; ".join(filter(None, (header.get("cpu"), header["machine"]))) + ".",
+        + "; ".join(filter(None, (header.get("cpu"), header["machine"])))
+        + ".",
         "",
         *([f"Command: `{header['command']}`", ""] if header.get("command") else []),
         "tok/s: new tokens (EOS included) over the whole call, prefill included; the median over prompts "
@@ -100,7 +124,8 @@ def markdown(result: BenchResult, summaries: dict[str, dict[str, Summary]], head
         "same prompts, run back to back). Mean accepted length: new tokens per target pass. Greedy "
         "outputs are checked against plain decoding at the same precision and backend (the reference).",
         "",
-        f"## {OVERALL}", "",
+        f"## {OVERALL}",
+        "",
         *table(summaries[OVERALL], result.greedy, methods, with_prediction=True),
     ]
     for category in categories:
@@ -109,14 +134,19 @@ def markdown(result: BenchResult, summaries: dict[str, dict[str, Summary]], head
         broken = {name: x.mismatches for name, x in summaries[OVERALL].items() if x.mismatches}
         lines += ["", "## Equality check (greedy)", ""]
         failed = {name: numbers for name, numbers in broken.items() if name in methods}
-        lines.append("Every quickdraft method produced its reference's tokens on every prompt." if not failed else
-                     "**quickdraft methods whose tokens differ from their reference:** "
-                     + "; ".join(f"{name}: prompts {numbers}" for name, numbers in failed.items()))
+        lines.append(
+            "Every quickdraft method produced its reference's tokens on every prompt."
+            if not failed
+            else "**quickdraft methods whose tokens differ from their reference:** "
+            + "; ".join(f"{name}: prompts {numbers}" for name, numbers in failed.items())
+        )
         peers = {name: numbers for name, numbers in broken.items() if name not in methods}
         if peers:
-            lines.append("Peers that differ (information only; e.g. llama.cpp computes with the GGUF's "
-                         "quantized weights, quickdraft with their de-quantized fp32 values): "
-                         + "; ".join(f"{name}: {len(numbers)} prompts" for name, numbers in peers.items()))
+            lines.append(
+                "Peers that differ (information only; e.g. llama.cpp computes with the GGUF's "
+                "quantized weights, quickdraft with their de-quantized fp32 values): "
+                + "; ".join(f"{name}: {len(numbers)} prompts" for name, numbers in peers.items())
+            )
     lines += ["", "## Plots", ""] + [f"![{key}]({file})" for key, file in PLOTS.items()]
     return "\n".join(lines) + "\n"
 
@@ -125,9 +155,15 @@ def write_plots(output: Path, result: BenchResult, summaries: dict[str, dict[str
     overall = summaries[OVERALL]
     categories = [g for g in summaries if g != OVERALL] + [OVERALL]
     speedups = {name: {g: summaries[g][name].speedup for g in categories} for name in overall if name != BASELINE}
-    paths = [plot_grouped_bars(output / PLOTS["speedup"], speedups or {BASELINE: {g: 1.0 for g in categories}},
-                               "speedup over method none (ratio of median tok/s)",
-                               "Speedup by method and category", reference=1.0)]
+    paths = [
+        plot_grouped_bars(
+            output / PLOTS["speedup"],
+            speedups or {BASELINE: {g: 1.0 for g in categories}},
+            "speedup over method none (ratio of median tok/s)",
+            "Speedup by method and category",
+            reference=1.0,
+        )
+    ]
     rates = {name: s.acceptance_by_position for name, s in overall.items() if s.acceptance_by_position}
     paths.append(plot_acceptance_by_position(output / PLOTS["acceptance"], rates or {BASELINE: []}))
     points: dict[str, list[tuple[float, float]]] = {}
@@ -139,8 +175,9 @@ def write_plots(output: Path, result: BenchResult, summaries: dict[str, dict[str
     return paths
 
 
-def write_report(output: Path, result: BenchResult, summaries: dict[str, dict[str, Summary]],
-                 header: dict) -> dict[str, Path]:
+def write_report(
+    output: Path, result: BenchResult, summaries: dict[str, dict[str, Summary]], header: dict
+) -> dict[str, Path]:
     """report.md, results.json and the plots under `output`; returns their paths."""
     output.mkdir(parents=True, exist_ok=True)
     header = {"date": str(date.today()), "machine": machine(), "cpu": cpu()} | header
@@ -151,9 +188,14 @@ def write_report(output: Path, result: BenchResult, summaries: dict[str, dict[st
         "settings": asdict(result.settings),
         "contenders": [c.name for c in result.contenders],
         "summaries": {g: {name: asdict(s) for name, s in group.items()} for g, group in summaries.items()},
-        "prompts": [{"category": p.category, "prompt_tokens": p.prompt_tokens,
-                     "runs": {name: [asdict(r) for r in records] for name, records in p.runs.items()}}
-                    for p in result.prompts],
+        "prompts": [
+            {
+                "category": p.category,
+                "prompt_tokens": p.prompt_tokens,
+                "runs": {name: [asdict(r) for r in records] for name, records in p.runs.items()},
+            }
+            for p in result.prompts
+        ],
     }
     results = output / "results.json"
     results.write_text(json.dumps(raw, indent=1))
@@ -165,6 +207,8 @@ def read_results(folder: Path) -> dict:
     """A report folder's results.json (or results.json.gz, as committed) with Summary objects as summaries."""
     plain, packed = Path(folder) / "results.json", Path(folder) / "results.json.gz"
     raw = json.loads(plain.read_text() if plain.exists() else gzip.decompress(packed.read_bytes()))
-    raw["summaries"] = {group: {name: Summary(**fields) for name, fields in members.items()}
-                        for group, members in raw["summaries"].items()}
+    raw["summaries"] = {
+        group: {name: Summary(**fields) for name, fields in members.items()}
+        for group, members in raw["summaries"].items()
+    }
     return raw

@@ -47,14 +47,24 @@ def summarise(result: BenchResult, name: str, prompts: list[PromptRuns], numbers
     tokens = sum(len(r.tokens) for r in records)
     contender = next(c for c in result.contenders if c.name == name)
     reference = contender.reference
-    mismatches = ([n for n, p in zip(numbers, prompts) if p.runs[name][0].tokens != p.runs[reference][0].tokens]
-                  if result.greedy else [])
+    mismatches = (
+        [n for n, p in zip(numbers, prompts) if p.runs[name][0].tokens != p.runs[reference][0].tokens]
+        if result.greedy
+        else []
+    )
     summary = Summary(
-        name=name, prompts=len(prompts), tokens=tokens, tokens_per_second=speed, speedup=speed / base_speed,
+        name=name,
+        prompts=len(prompts),
+        tokens=tokens,
+        tokens_per_second=speed,
+        speedup=speed / base_speed,
         mean_accepted_length=tokens / passes if passes else None,
         acceptance_rate=accepted / drafted if drafted else None,
         mean_k=drafted / passes if passes and drafted else None,
-        acceptance_by_position=acceptance_by_position(records), mismatches=mismatches, reference=reference)
+        acceptance_by_position=acceptance_by_position(records),
+        mismatches=mismatches,
+        reference=reference,
+    )
     if contender.chain and drafted and all(r.decode_seconds for r in records):
         base = [r for p in prompts for r in p.runs[BASELINE]]
         summary.predicted_speedup, summary.measured_decode_speedup = predicted_vs_measured(records, base)
@@ -91,6 +101,10 @@ def summarise_all(result: BenchResult) -> dict[str, dict[str, Summary]]:
     groups = {OVERALL: numbered}
     for number, prompt in numbered:
         groups.setdefault(prompt.category, []).append((number, prompt))
-    return {group: {c.name: summarise(result, c.name, [p for _, p in members], [n for n, _ in members])
-                    for c in result.contenders}
-            for group, members in groups.items()}
+    return {
+        group: {
+            c.name: summarise(result, c.name, [p for _, p in members], [n for n, _ in members])
+            for c in result.contenders
+        }
+        for group, members in groups.items()
+    }

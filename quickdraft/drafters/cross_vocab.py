@@ -50,9 +50,11 @@ def token_bytes(tokenizer: PreTrainedTokenizerBase) -> list[bytes | None]:
     decoder = tokenizer_json.get("decoder") or {}
     parts = decoder.get("decoders") or [decoder]
     byte_level = any(part.get("type") == "ByteLevel" for part in parts)
-    metaspace = any(part.get("type") == "Metaspace" or (part.get("type") == "Replace"
-                                                         and part.get("pattern", {}).get("String") == "▁")
-                    for part in parts)
+    metaspace = any(
+        part.get("type") == "Metaspace"
+        or (part.get("type") == "Replace" and part.get("pattern", {}).get("String") == "▁")
+        for part in parts
+    )
     special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
     alphabet = _byte_alphabet() if byte_level else {}
     spelled: list[bytes | None] = []
@@ -94,8 +96,12 @@ class VocabMap:
             if target_id is not None and target_id not in target_to_draft:
                 draft_to_target[token_id] = target_id
                 target_to_draft[target_id] = token_id
-        return cls(draft_to_target, target_to_draft, target_spelling,
-                   target.convert_ids_to_tokens(list(range(len(target_spelling)))))
+        return cls(
+            draft_to_target,
+            target_to_draft,
+            target_spelling,
+            target.convert_ids_to_tokens(list(range(len(target_spelling)))),
+        )
 
     @property
     def shared(self) -> int:
@@ -118,8 +124,14 @@ class CrossState:
 class CrossVocabDrafter(SequenceDrafter):
     """A draft model of another vocabulary, drafting over the intersection (TLI)."""
 
-    def __init__(self, backend: Backend, tokenizer: PreTrainedTokenizerBase, vocab: VocabMap, target_vocab: int,
-                 confidence: float | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        tokenizer: PreTrainedTokenizerBase,
+        vocab: VocabMap,
+        target_vocab: int,
+        confidence: float | None = None,
+    ) -> None:
         self.backend, self.tokenizer, self.vocab = backend, tokenizer, vocab
         self.target_vocab, self.confidence = target_vocab, confidence
         self.outside = (vocab.draft_to_target < 0).to(backend.device)  # [V'] draft ids the target lacks
@@ -140,7 +152,9 @@ class CrossVocabDrafter(SequenceDrafter):
                 state.tokens.append(own)
             elif spelled is None:  # a special token: its text, as the draft tokenizer reads it
                 self._flush(state, errors="replace")
-                state.tokens += self._encode(self.vocab.target_text[token] if token < len(self.vocab.target_text) else "")
+                state.tokens += self._encode(
+                    self.vocab.target_text[token] if token < len(self.vocab.target_text) else ""
+                )
             else:
                 state.waiting += spelled
                 self._flush(state)

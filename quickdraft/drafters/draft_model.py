@@ -60,8 +60,7 @@ class DraftModelDrafter:
                 live[i] = (self._known(pending), min(r.k, room))
         while live:
             order = list(live)
-            outputs = self.backend.forward([SeqPass(requests[i].state.cache, live[i][0], logits="last")
-                                            for i in order])
+            outputs = self.backend.forward([SeqPass(requests[i].state.cache, live[i][0], logits="last") for i in order])
             logits = torch.cat([out.logits for out in outputs])  # [B, V'] the next token's logits each
             greedy = [requests[i].sampling.greedy for i in order]
             argmax = logits.argmax(-1).tolist() if any(greedy) else []  # one host read for every greedy row

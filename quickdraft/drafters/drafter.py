@@ -51,7 +51,6 @@ class Draft:
         probs = None if self.probs is None else self.probs[:m]
         return Draft(self.tokens[:m], probs, None if self.parents is None else self.parents[:m])
 
-
     def within_depth(self, most: int) -> tuple[Draft, list[int] | None]:
         """This draft without its nodes deeper than `most` (a backend's tree window) -> (the draft,
         each kept node's index in this one; None: nothing cut). Aux tokens stay."""
@@ -62,8 +61,14 @@ class Draft:
             return self, None
         index = {old: new for new, old in enumerate(kept)}  # ancestors are never deeper: all kept
         probs = None if self.probs is None else self.probs[kept]
-        return Draft([self.tokens[i] for i in kept], probs, [index.get(parents[i], -1) for i in kept],
-                     self.aux_tokens, self.aux_offsets, self.aux_mask), kept
+        return Draft(
+            [self.tokens[i] for i in kept],
+            probs,
+            [index.get(parents[i], -1) for i in kept],
+            self.aux_tokens,
+            self.aux_offsets,
+            self.aux_mask,
+        ), kept
 
 
 @dataclass

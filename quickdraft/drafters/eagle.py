@@ -43,9 +43,16 @@ class EagleState:
 class EagleDrafter(SequenceDrafter):
     needs_hidden = True
 
-    def __init__(self, head: EagleHead | Eagle3Head, max_length: int, top_k: int = 4, nodes: int = 4,
-                 tree: str = "dynamic", pass_ms: dict[int, float] | None = None,
-                 branch: LookupBranch | None = None) -> None:
+    def __init__(
+        self,
+        head: EagleHead | Eagle3Head,
+        max_length: int,
+        top_k: int = 4,
+        nodes: int = 4,
+        tree: str = "dynamic",
+        pass_ms: dict[int, float] | None = None,
+        branch: LookupBranch | None = None,
+    ) -> None:
         self.head, self.max_length, self.branch = head, max_length, branch
         # EAGLE-3 reads the inputs of a low, a middle and a high target layer; EAGLE-1 the last state.
         self.taps = tuple(head.config.features) if isinstance(head, Eagle3Head) else ()
@@ -72,7 +79,9 @@ class EagleDrafter(SequenceDrafter):
     def draft(self, request: DraftRequest) -> Draft:
         state, k = request.state, request.k
         record = state.record
-        branch = None if self.branch is None or k < 1 else self.branch.propose(record, request.tokens, request.reach or k)
+        branch = (
+            None if self.branch is None or k < 1 else self.branch.propose(record, request.tokens, request.reach or k)
+        )
         if self.pass_ms and k >= 1 and record.may_rest():  # the head drafts where one of its nodes could pay
             chain, scores = branch or ([], [])
             alone = head_cannot_pay(scores, record.head_scale, self.nodes, dict(self.pass_ms))
@@ -94,7 +103,9 @@ class EagleDrafter(SequenceDrafter):
             states = torch.stack([state.predicted if parents[n] < 0 else outputs[parents[n]] for n in frontier])
             ids = self.head.vocab[torch.tensor([drafted[n] for n in frontier], device=device)]  # [F]
             depth = len(ancestors(frontier[0], parents))
-            positions = torch.full((b,), root + depth - 1, device=device)  # a node's pair sits where its parent's token does
+            positions = torch.full(
+                (b,), root + depth - 1, device=device
+            )  # a node's pair sits where its parent's token does
             mask = torch.ones(b, cache.length + b, dtype=torch.bool)  # [F, committed + fed + F]
             for row, node in enumerate(frontier):
                 lineage = set(ancestors(node, parents))

@@ -52,8 +52,9 @@ class TreeShape:
 
     def __post_init__(self) -> None:
         if self.depth < 1 or self.top_k < 1 or self.nodes < 1:
-            raise QuickdraftError(f"tree depth, top_k and nodes must be >= 1; got {self.depth}, {self.top_k}, "
-                                  f"{self.nodes}")
+            raise QuickdraftError(
+                f"tree depth, top_k and nodes must be >= 1; got {self.depth}, {self.top_k}, {self.nodes}"
+            )
         if self.kind not in TREE_KINDS:
             raise QuickdraftError(f"unknown tree {self.kind!r}; choose one of: {', '.join(TREE_KINDS)}")
 
@@ -76,8 +77,13 @@ class TreeDraft:
     chain: list[int]
 
 
-def draft_tree(first: torch.Tensor, expand: Expand, shape: TreeShape, vocab: torch.Tensor,
-               branch: tuple[list[int], list[float]] | None = None) -> TreeDraft:
+def draft_tree(
+    first: torch.Tensor,
+    expand: Expand,
+    shape: TreeShape,
+    vocab: torch.Tensor,
+    branch: tuple[list[int], list[float]] | None = None,
+) -> TreeDraft:
     """The tree of `shape.kind`. vocab [V'] maps the head's vocabulary to the target's. branch:
     another drafter's chain (target ids) and the log of each node's chance that its path is
     right, merged in to compete with the head's nodes."""
@@ -94,12 +100,15 @@ def draft_tree(first: torch.Tensor, expand: Expand, shape: TreeShape, vocab: tor
         nodes = best_tree_size([math.exp(s) for s in sorted(scores, reverse=True)], dict(shape.pass_ms))
     kept = most_confident(scores, nodes)
     new_index = {old: new for new, old in enumerate(kept)}
-    return TreeDraft([tokens[n] for n in kept], renumbered(parents, kept), [math.exp(head[n]) for n in kept],
-                     [new_index[n] for n in chain if n in new_index])
+    return TreeDraft(
+        [tokens[n] for n in kept],
+        renumbered(parents, kept),
+        [math.exp(head[n]) for n in kept],
+        [new_index[n] for n in chain if n in new_index],
+    )
 
 
-def head_cannot_pay(chain_scores: list[float], head_bound: float, nodes: int,
-                    pass_ms: dict[int, float]) -> int | None:
+def head_cannot_pay(chain_scores: list[float], head_bound: float, nodes: int, pass_ms: dict[int, float]) -> int | None:
     """The branch nodes to verify when no node of the head's can pay for its row, whatever the head
     would say (each of its `nodes` scores at most head_bound, a log): then the head need not draft
     at all. None: a head node might pay, so draft the tree."""
@@ -121,8 +130,9 @@ def chain_draft(chain: list[int], n: int) -> TreeDraft:
     return TreeDraft(chain[:n], list(range(-1, n - 1)), [0.0] * n, list(range(n)))
 
 
-def merge_chain(tokens: list[int], parents: list[int], scores: list[float], chain: list[int],
-                chain_scores: list[float]) -> tuple[list[int], list[int], list[float], list[int]]:
+def merge_chain(
+    tokens: list[int], parents: list[int], scores: list[float], chain: list[int], chain_scores: list[float]
+) -> tuple[list[int], list[int], list[float], list[int]]:
     """The tree with a chain of tokens hung under its root -> (tokens, parents, scores, the chain's
     nodes). Where the chain follows the tree's nodes it shares them (a shared node keeps the
     higher score), then it grows new nodes. Both kinds of score fall along a path, so the merged
@@ -148,8 +158,7 @@ def static_shape(shape: TreeShape) -> tuple[list[int], list[int]]:
     return keep_most_confident(ranks, parents, scores, shape.nodes)[:2]
 
 
-def fill_static_tree(first: torch.Tensor, expand: Expand,
-                     shape: TreeShape) -> tuple[list[int], list[int], list[float]]:
+def fill_static_tree(first: torch.Tensor, expand: Expand, shape: TreeShape) -> tuple[list[int], list[int], list[float]]:
     """The static shape, each node the head's candidate of its rank under its parent -> (tokens,
     parents, the prior's score of each node's place in the shape)."""
     ranks, parents = static_shape(shape)
@@ -219,8 +228,9 @@ def descendants_could_pay(scores: list[float], bound: float, shape: TreeShape) -
     return kept_without(best, bound + shape.scale, shape.nodes, dict(shape.pass_ms)) is None
 
 
-def keep_most_confident(tokens: list[int], parents: list[int], scores: list[float],
-                        nodes: int) -> tuple[list[int], list[int], list[float]]:
+def keep_most_confident(
+    tokens: list[int], parents: list[int], scores: list[float], nodes: int
+) -> tuple[list[int], list[int], list[float]]:
     """The `nodes` highest-scoring nodes (ties: the earlier node), renumbered in their old order.
     Ancestors score at least as high as their descendants and come first, so they are kept too."""
     kept = most_confident(scores, nodes)

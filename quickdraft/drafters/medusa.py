@@ -29,8 +29,15 @@ class MedusaDrafter(SequenceDrafter):
 
     needs_hidden = True
 
-    def __init__(self, heads: MedusaHeads, top_k: int = 4, nodes: int = 4, tree: str = "dynamic",
-                 pass_ms: dict[int, float] | None = None, branch: LookupBranch | None = None) -> None:
+    def __init__(
+        self,
+        heads: MedusaHeads,
+        top_k: int = 4,
+        nodes: int = 4,
+        tree: str = "dynamic",
+        pass_ms: dict[int, float] | None = None,
+        branch: LookupBranch | None = None,
+    ) -> None:
         self.heads, self.branch = heads, branch
         self.top_k, self.nodes, self.tree = top_k, nodes, tree
         self.pass_ms = tuple(sorted((pass_ms or {}).items()))  # given: `nodes` is a cap, chosen per step
@@ -58,8 +65,7 @@ class MedusaDrafter(SequenceDrafter):
     def _tree(self, logp: torch.Tensor, request: DraftRequest) -> Draft:
         """logp [heads, V'] of one sequence -> its tree of guesses."""
         k, record = request.k, request.state.record
-        shape = TreeShape(min(k, self.heads.heads), self.top_k, self.nodes, self.tree, self.pass_ms,
-                          record.head_scale)
+        shape = TreeShape(min(k, self.heads.heads), self.top_k, self.nodes, self.tree, self.pass_ms, record.head_scale)
 
         def expand(frontier: list[int], drafted: list[int], parents: list[int]) -> torch.Tensor:
             depth = len(ancestors(frontier[0], parents))  # the frontier is one level

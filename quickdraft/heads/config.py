@@ -43,9 +43,16 @@ class LayerShape:
         """The target's own layer shape, plus a subclass's `extra` fields."""
         text = text_config(config)
         heads = text.num_attention_heads
-        return cls(text.hidden_size, text.intermediate_size, heads, getattr(text, "num_key_value_heads", heads),
-                   getattr(text, "head_dim", None) or text.hidden_size // heads,
-                   rope_theta(text), float(getattr(text, "rms_norm_eps", 1e-6)), **extra)
+        return cls(
+            text.hidden_size,
+            text.intermediate_size,
+            heads,
+            getattr(text, "num_key_value_heads", heads),
+            getattr(text, "head_dim", None) or text.hidden_size // heads,
+            rope_theta(text),
+            float(getattr(text, "rms_norm_eps", 1e-6)),
+            **extra,
+        )
 
     def to_dict(self) -> dict:
         """config.json's "layer": tuples as lists, which is what JSON reads back."""

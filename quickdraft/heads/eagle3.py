@@ -59,8 +59,14 @@ class Eagle3Head(nn.Module):
     """fc(low, mid, high features) -> state g; [norm(embed(x_{t+1})), norm(g)] -> attention, + g ->
     MLP (pre-norm, residual) -> h (fed back as the next state); norm(h) -> LM head -> V' logits."""
 
-    def __init__(self, config: Eagle3Config, embed: torch.Tensor, vocab: torch.Tensor,
-                 lm_head: torch.Tensor | None = None, norm: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        config: Eagle3Config,
+        embed: torch.Tensor,
+        vocab: torch.Tensor,
+        lm_head: torch.Tensor | None = None,
+        norm: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         c = self.config = config
         self.fc = nn.Linear(len(c.features) * c.hidden, c.hidden, bias=False)
@@ -85,8 +91,9 @@ class Eagle3Head(nn.Module):
         """[..., F] target features -> fused state [..., H]; a state [..., H] (fed back) as it is."""
         return self.fc(hidden) if hidden.shape[-1] != self.config.hidden else hidden
 
-    def project(self, state: torch.Tensor, tokens: torch.Tensor,
-                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(
+        self, state: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """state [B, T, H], tokens [B, T] (x_{t+1}), positions [B, T] -> rotated q [B, heads, T, D],
         k and v [B, KV, T, D]."""
         c, layer = self.config, self.midlayer
@@ -101,21 +108,29 @@ class Eagle3Head(nn.Module):
         cos, sin = angles.cos(), angles.sin()
         return rotate(q, cos, sin), rotate(k, cos, sin), v
 
-    def finish(self, state: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               mask: torch.Tensor) -> torch.Tensor:
+    def finish(
+        self, state: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         """Attention of q over keys/values [B, KV, S, D] (mask [B, T, S], True: may attend), the
         residual on the state, the MLP -> h [B, T, H] (pre-norm: what is fed back)."""
         c, layer = self.config, self.midlayer
         b, _, t, _ = q.shape
-        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None],
-                                              enable_gqa=c.heads != c.kv_heads)  # [B, heads, T, D]
+        attn = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask[:, None], enable_gqa=c.heads != c.kv_heads
+        )  # [B, heads, T, D]
         x = state + layer.self_attn.o_proj(attn.transpose(1, 2).reshape(b, t, c.heads * c.head_dim))
         normed = layer.post_attention_layernorm(x)
         gate, up = outputs(layer.mlp, MLP.FUSED_GROUPS[0], normed)
         return x + layer.mlp.down_proj(F.silu(gate) * up)
 
-    def forward(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
         """hidden [B, T, F] (target features) or [B, T, H] (the head's own h), tokens [B, T] (x_{t+1}),
         positions [B, T], mask [B, T, C + T] -> h [B, T, H]. cache: one sequence's cache (B = 1) of C
         entries; this pass's keys and values are written after them, and the caller advances or

@@ -50,8 +50,14 @@ class EagleHead(nn.Module):
         c = self.config
         return KVCache(1, c.kv_heads, c.head_dim, max_length, dtype=self.embed.dtype, device=self.embed.device)
 
-    def forward(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
         """hidden [B, T, H] (f_t), tokens [B, T] (x_{t+1}), positions [B, T] (t), mask [B, T, C + T] bool
         (True: may attend) -> predicted f_{t+1} [B, T, H]. cache: one sequence's cache (B = 1) of C
         entries; this pass's keys and values are written after them, and the caller advances or
@@ -73,8 +79,9 @@ class EagleHead(nn.Module):
             cache.reserve(end)
             cache.write(0, k[0], v[0])
             keys, values = cache.keys[:1, :, :end], cache.values[:1, :, :end]  # [1, KV, C + T, D]
-        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None],
-                                              enable_gqa=c.heads != c.kv_heads)  # [B, heads, T, D]
+        attn = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask[:, None], enable_gqa=c.heads != c.kv_heads
+        )  # [B, heads, T, D]
         x = x + self.o(attn.transpose(1, 2).reshape(b, t, c.heads * c.head_dim))
         normed = self.post_norm(x)
         gate, up = outputs(self, self.FUSED_GROUPS[1], normed)

@@ -38,8 +38,11 @@ def export_tensors(state: dict[str, torch.Tensor], vocab: int) -> dict[str, torc
     """A head's state dict (with its `vocab` buffer [V'], ascending target ids) -> the exported
     tensors: floats in bf16 under the same names, d2t int64 [V'], t2d bool [V]."""
     ids = state["vocab"].long()
-    tensors = {name: value.to(torch.bfloat16).contiguous() for name, value in state.items()
-               if name != "vocab" and value.is_floating_point()}
+    tensors = {
+        name: value.to(torch.bfloat16).contiguous()
+        for name, value in state.items()
+        if name != "vocab" and value.is_floating_point()
+    }
     tensors["d2t"] = ids - torch.arange(len(ids))
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[ids] = True
@@ -47,25 +50,42 @@ def export_tensors(state: dict[str, torch.Tensor], vocab: int) -> dict[str, torc
     return tensors
 
 
-def export_config(config: Eagle3Config, draft_vocab: int, vocab: int, max_positions: int, fmt: str,
-                  target: str = "") -> dict:
+def export_config(
+    config: Eagle3Config, draft_vocab: int, vocab: int, max_positions: int, fmt: str, target: str = ""
+) -> dict:
     """The draft model's config.json for `fmt`: the head's layer as a one-layer Llama."""
     c = config
     values = {
-        "architectures": [ARCHITECTURE], "model_type": "llama", "hidden_act": "silu",
-        "hidden_size": c.hidden, "intermediate_size": c.intermediate, "num_attention_heads": c.heads,
-        "num_key_value_heads": c.kv_heads, "head_dim": c.head_dim, "num_hidden_layers": 1,
-        "rms_norm_eps": c.eps, "rope_theta": c.rope_theta, "rope_scaling": None,
-        "max_position_embeddings": max_positions, "vocab_size": vocab, "draft_vocab_size": draft_vocab,
-        "target_hidden_size": c.hidden, "tie_word_embeddings": False, "attention_bias": False,
-        "mlp_bias": False, "norm_before_residual": False, "torch_dtype": "bfloat16",
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "hidden_size": c.hidden,
+        "intermediate_size": c.intermediate,
+        "num_attention_heads": c.heads,
+        "num_key_value_heads": c.kv_heads,
+        "head_dim": c.head_dim,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": c.eps,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": max_positions,
+        "vocab_size": vocab,
+        "draft_vocab_size": draft_vocab,
+        "target_hidden_size": c.hidden,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "norm_before_residual": False,
+        "torch_dtype": "bfloat16",
         "quickdraft_target": target,
     }
     if fmt == "vllm":
         values["eagle_aux_hidden_state_layer_ids"] = list(c.features)
     else:
-        values["eagle_config"] = {"use_aux_hidden_state": True,
-                                  "eagle_aux_hidden_state_layer_ids": [f - 1 for f in c.features]}
+        values["eagle_config"] = {
+            "use_aux_hidden_state": True,
+            "eagle_aux_hidden_state_layer_ids": [f - 1 for f in c.features],
+        }
     return values
 
 
@@ -82,8 +102,10 @@ def eagle3_layer(folder: Path) -> dict:
     if config.get("kind") != "eagle":
         raise QuickdraftError(f"{folder} holds a {config.get('kind')!r} head; only EAGLE-3 heads export")
     if "features" not in config.get("layer", {}):
-        raise QuickdraftError(f"{folder} holds an EAGLE-1 head; only EAGLE-3 heads export (vLLM and SGLang "
-                              "read EAGLE-3's layout): train one with `quickdraft train eagle --eagle 3`")
+        raise QuickdraftError(
+            f"{folder} holds an EAGLE-1 head; only EAGLE-3 heads export (vLLM and SGLang "
+            "read EAGLE-3's layout): train one with `quickdraft train eagle --eagle 3`"
+        )
     return config
 
 
@@ -98,15 +120,16 @@ def export_head(folder: Path, output: Path, fmt: str, target: ModelShape) -> Pat
     if (config["vocab"], config["hidden"]) != (target.vocab, target.hidden):
         raise QuickdraftError(
             f"the head in {folder} was trained for {config.get('target')!r} (vocabulary {config['vocab']}, hidden "
-            f"size {config['hidden']}); {target.name!r} has {target.vocab} and {target.hidden}")
+            f"size {config['hidden']}); {target.name!r} has {target.vocab} and {target.hidden}"
+        )
     if max(layer.features) >= target.layers:
-        raise QuickdraftError(f"the head in {folder} reads layer {max(layer.features)}; "
-                              f"{target.name!r} has {target.layers} layers")
+        raise QuickdraftError(
+            f"the head in {folder} reads layer {max(layer.features)}; {target.name!r} has {target.layers} layers"
+        )
     tensors = export_tensors(load_file(str(folder / HEADS_FILE)), target.vocab)
     output.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(output / WEIGHTS_FILE), metadata={"format": "pt"})
-    values = export_config(layer, len(tensors["d2t"]), target.vocab, target.context, fmt,
-                           config.get("target", ""))
+    values = export_config(layer, len(tensors["d2t"]), target.vocab, target.context, fmt, config.get("target", ""))
     (output / CONFIG_FILE).write_text(json.dumps(values, indent=1))
     return output
 
@@ -122,8 +145,12 @@ def is_export(folder: Path) -> bool:
 def export_summary(folder: Path) -> dict:
     """An exported folder's config in a quickdraft head config's terms: kind, target, vocab, hidden."""
     values = json.loads((folder / CONFIG_FILE).read_text())
-    return {"kind": "eagle", "target": values.get("quickdraft_target", ""), "vocab": values["vocab_size"],
-            "hidden": values.get("target_hidden_size", values["hidden_size"])}
+    return {
+        "kind": "eagle",
+        "target": values.get("quickdraft_target", ""),
+        "vocab": values["vocab_size"],
+        "hidden": values.get("target_hidden_size", values["hidden_size"]),
+    }
 
 
 def read_export(output: Path, embed: torch.Tensor) -> Eagle3Head:
@@ -135,10 +162,16 @@ def read_export(output: Path, embed: torch.Tensor) -> Eagle3Head:
         features = [i + 1 for i in values["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
     rope = values.get("rope_theta") or (values.get("rope_parameters") or {}).get("rope_theta", 10000.0)
     heads = values["num_attention_heads"]
-    config = Eagle3Config(values["hidden_size"], values["intermediate_size"], heads,
-                          values.get("num_key_value_heads", heads),
-                          values.get("head_dim") or values["hidden_size"] // heads, float(rope),
-                          float(values["rms_norm_eps"]), tuple(features))
+    config = Eagle3Config(
+        values["hidden_size"],
+        values["intermediate_size"],
+        heads,
+        values.get("num_key_value_heads", heads),
+        values.get("head_dim") or values["hidden_size"] // heads,
+        float(rope),
+        float(values["rms_norm_eps"]),
+        tuple(features),
+    )
     tensors = load_file(str(output / WEIGHTS_FILE))
     d2t = tensors.pop("d2t").long()
     tensors.pop("t2d", None)

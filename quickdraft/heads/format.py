@@ -26,8 +26,10 @@ def read_config(folder: Path) -> dict:
 
 def write_head(folder: Path, model: nn.Module, config: dict) -> None:
     """folder/heads.safetensors (the model's saved state, floats in bf16) and folder/config.json."""
-    state = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).cpu().contiguous()
-             for k, v in model.state_dict().items()}
+    state = {
+        k: (v.to(torch.bfloat16) if v.is_floating_point() else v).cpu().contiguous()
+        for k, v in model.state_dict().items()
+    }
     save_file(state, str(folder / HEADS_FILE))
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=1))
 

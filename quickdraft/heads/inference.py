@@ -28,8 +28,9 @@ class QuantizedLayer(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, kernel: str = "int8") -> None:
         super().__init__()
-        self.inner = quantized_linear(weight.detach().float(), None if bias is None else bias.detach(), kernel,
-                                      torch.bfloat16)
+        self.inner = quantized_linear(
+            weight.detach().float(), None if bias is None else bias.detach(), kernel, torch.bfloat16
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)  # [n, in]
@@ -100,8 +101,11 @@ def draft_kernel(head: nn.Module, folder: Path | None, progress: bool = True) ->
     def measure() -> str:
         layers = {kernel: [QuantizedLayer(w, None, kernel) for w in weights] for kernel in DRAFT_KERNELS}
         generator = torch.Generator().manual_seed(0)
-        xs = {(w.shape[1], rows): torch.randn(rows, w.shape[1], generator=generator)
-              for w in weights for rows in TIMED_ROWS}
+        xs = {
+            (w.shape[1], rows): torch.randn(rows, w.shape[1], generator=generator)
+            for w in weights
+            for rows in TIMED_ROWS
+        }
 
         def run(kernel: str) -> None:
             for rows in TIMED_ROWS:
@@ -112,8 +116,13 @@ def draft_kernel(head: nn.Module, folder: Path | None, progress: bool = True) ->
         with torch.inference_mode():
             for kernel in DRAFT_KERNELS:
                 run(kernel)  # warm-up
-            for _ in tqdm(range(4 * REPEATS), desc="quickdraft: timing draft-head kernels (once)", unit="round",
-                          disable=not progress, file=sys.stderr):
+            for _ in tqdm(
+                range(4 * REPEATS),
+                desc="quickdraft: timing draft-head kernels (once)",
+                unit="round",
+                disable=not progress,
+                file=sys.stderr,
+            ):
                 for kernel in DRAFT_KERNELS:  # interleaved: drift hits both alike
                     costs[kernel].append(wall_ms(lambda: run(kernel)))
         return min(DRAFT_KERNELS, key=lambda kernel: statistics.median(costs[kernel]))

@@ -28,7 +28,8 @@ def head_folder(kind: str, target: LoadedModel, path: str | Path | None) -> Path
             raise QuickdraftError(f"no {kind} head in {folder} (expected {HEADS_FILE} and {CONFIG_FILE})")
         raise QuickdraftError(
             f"no {kind} head is shipped for {target.name!r}; train one with `quickdraft train {kind} "
-            f"--target ... --data ... --output DIR` and pass head=DIR (--head DIR)")
+            f"--target ... --data ... --output DIR` and pass head=DIR (--head DIR)"
+        )
     config = export_summary(folder) if exported else read_config(folder)
     shape = (target.vocab_size, int(target.config.hidden_size))
     if config.get("kind") != kind:
@@ -36,12 +37,14 @@ def head_folder(kind: str, target: LoadedModel, path: str | Path | None) -> Path
     if (config["vocab"], config["hidden"]) != shape:
         raise QuickdraftError(
             f"the {kind} head in {folder} was trained for {config.get('target')!r} (vocabulary {config['vocab']}, "
-            f"hidden size {config['hidden']}); {target.name!r} has {shape[0]} and {shape[1]}")
+            f"hidden size {config['hidden']}); {target.name!r} has {shape[0]} and {shape[1]}"
+        )
     return folder
 
 
-def load_head(kind: str, target: LoadedModel, path: str | Path | None,
-              full_vocab: bool = False) -> MedusaHeads | EagleHead | Eagle3Head:
+def load_head(
+    kind: str, target: LoadedModel, path: str | Path | None, full_vocab: bool = False
+) -> MedusaHeads | EagleHead | Eagle3Head:
     """The head, over the target's LM head sliced to the head's draft vocabulary, or over all of
     it with full_vocab (the head's layers predict states, not ids, so either works)."""
     folder = head_folder(kind, target, path)
@@ -54,8 +57,10 @@ def load_head(kind: str, target: LoadedModel, path: str | Path | None,
         head = load_eagle(folder, lm_head, target.tensor(EMBED).float())
     if full_vocab:
         if isinstance(head, Eagle3Head):
-            raise QuickdraftError(f"the EAGLE-3 head in {folder} has its own LM head over {len(head.vocab)} tokens; "
-                                  "full_vocab applies to heads that use the target's LM head (EAGLE-1, Medusa)")
+            raise QuickdraftError(
+                f"the EAGLE-3 head in {folder} has its own LM head over {len(head.vocab)} tokens; "
+                "full_vocab applies to heads that use the target's LM head (EAGLE-1, Medusa)"
+            )
         head.vocab = torch.arange(lm_head.shape[0])
         head.lm_head = lm_head.float()
     return head

@@ -21,6 +21,4 @@ def default_gguf_path() -> Path:
         path = Path(folder) / DEFAULT_GGUF
         if path.is_file():
             return path
-    raise QuickdraftError(
-        f"the default target {DEFAULT_NAME} is not installed; install it with: {INSTALL_HINT}"
-    )
+    raise QuickdraftError(f"the default target {DEFAULT_NAME} is not installed; install it with: {INSTALL_HINT}")

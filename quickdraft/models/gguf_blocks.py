@@ -23,7 +23,7 @@ BLOCK_BYTES = {GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20, GGM
 
 def _fp16(blocks: np.ndarray, at: int) -> np.ndarray:
     """The fp16 number at byte `at` of every block [..., bytes] -> fp32 [...]."""
-    return blocks[..., at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+    return blocks[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
 
 
 def unpack_int4_blocks(raw: np.ndarray, kind: GGMLQuantizationType) -> Int4Weight:
@@ -39,8 +39,7 @@ def unpack_int4_blocks(raw: np.ndarray, kind: GGMLQuantizationType) -> Int4Weigh
         m, nibbles = -8 * d, blocks[..., 2:]  # Q4_0: w = d q - 8 d
     # Byte j holds weight j in its low nibble and weight j + 16 in its high nibble.
     q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(out_features, -1)  # [out, in]
-    return Int4Weight(torch.from_numpy(q.astype(np.uint8)), torch.from_numpy(d),
-                      torch.from_numpy(m + 8 * d), BLOCK)
+    return Int4Weight(torch.from_numpy(q.astype(np.uint8)), torch.from_numpy(d), torch.from_numpy(m + 8 * d), BLOCK)
 
 
 def _unpack_q4_k(blocks: np.ndarray) -> Int4Weight:
@@ -56,5 +55,9 @@ def _unpack_q4_k(blocks: np.ndarray) -> Int4Weight:
     q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=3).reshape(out_features, -1)  # [out, in]
     scales = (d[..., None] * sc).reshape(out_features, -1)  # [out, groups]
     mins = (dmin[..., None] * mn).reshape(out_features, -1)
-    return Int4Weight(torch.from_numpy(q.astype(np.uint8)), torch.from_numpy(scales.astype(np.float32)),
-                      torch.from_numpy((8 * scales - mins).astype(np.float32)), BLOCK)
+    return Int4Weight(
+        torch.from_numpy(q.astype(np.uint8)),
+        torch.from_numpy(scales.astype(np.float32)),
+        torch.from_numpy((8 * scales - mins).astype(np.float32)),
+        BLOCK,
+    )

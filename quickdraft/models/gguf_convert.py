@@ -18,14 +18,14 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, MODEL_ARCH_NAMES, GGMLQuantizationType, dequantize, get_tensor_name_map
-from transformers import (AutoConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase,
-                          TokenizersBackend)
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase, TokenizersBackend
 from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING
+
 # transformers' fast reader; its tensor table is read with its own helpers (GgufHeader itself
 # refuses ggml types its de-quantizer lacks, such as Q5_0, which gguf-py's handles).
 from transformers.integrations.gguf.reader import _mapped, _read_metadata, _read_tensor_table, read_gguf_metadata
-from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
 from transformers.modeling_gguf_pytorch_utils import GGUF_TO_TRANSFORMERS_MAPPING, TensorProcessor
+from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
 
 # Architectures whose legacy conversion is the generic key mapping alone (no special cases in
 # transformers' load_gguf_checkpoint) and whose one-read result is tested equal to it (Mistral
@@ -140,18 +140,21 @@ def read_table(path: str | Path) -> tuple[dict, list[GgufTensor]]:
             kind = GGMLQuantizationType(ggml_type)
             block, block_bytes = GGML_QUANT_SIZES[kind]
         except (ValueError, KeyError):
-            raise ValueError(f"tensor {name} has ggml type {ggml_type}, which the gguf package here cannot read") \
-                from None
+            raise ValueError(
+                f"tensor {name} has ggml type {ggml_type}, which the gguf package here cannot read"
+            ) from None
         start, size = data_start + offset, prod(shape) // block * block_bytes
         if start + size > blob.size:
-            raise ValueError(f"the file ends inside tensor {name} (bytes {start}-{start + size} of {blob.size}): "
-                             "truncated?")
+            raise ValueError(
+                f"the file ends inside tensor {name} (bytes {start}-{start + size} of {blob.size}): truncated?"
+            )
         tensors.append(GgufTensor(name, tuple(shape), kind, Path(path), start, size))
     return metadata, tensors
 
 
-def gguf_to_hf_names(model: PreTrainedModel, architecture: str,
-                     processor: TensorProcessor | None = None) -> dict[str, str]:
+def gguf_to_hf_names(
+    model: PreTrainedModel, architecture: str, processor: TensorProcessor | None = None
+) -> dict[str, str]:
     """GGUF tensor name -> `model`'s parameter name, by gguf-py's name table for the architecture:
     transformers' own map for the architectures here, built with one table rather than one per
     submodule (7 s of SmolLM2's 12)."""

@@ -54,8 +54,12 @@ class PackedLinear:
         self.out_features, self.in_features = weight.shape
         # oneDNN's blocked copy of the weight (CPU only; elsewhere the plain kernel runs).
         self._packed = None
-        if pack and weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) \
-                and _mkldnn(weight.dtype):
+        if (
+            pack
+            and weight.device.type == "cpu"
+            and weight.dtype in (torch.float32, torch.bfloat16)
+            and _mkldnn(weight.dtype)
+        ):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
 
     @property

@@ -33,8 +33,17 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.models import gguf_convert
 from quickdraft.models.embedded import DEFAULT_NAME, default_gguf_path
 from quickdraft.models.precision import get_precision
-from quickdraft.models.weights import (GgufWeights, ModuleWeights, SafetensorsWeights, WeightSource,
-                                      build_model, check_shapes, meta_model, stored_precision, tensor_or_tied)
+from quickdraft.models.weights import (
+    GgufWeights,
+    ModuleWeights,
+    SafetensorsWeights,
+    WeightSource,
+    build_model,
+    check_shapes,
+    meta_model,
+    stored_precision,
+    tensor_or_tied,
+)
 
 ModelSource = str | os.PathLike | PreTrainedModel | None
 
@@ -49,7 +58,9 @@ class LoadedModel:
     name: str
     weights: WeightSource
     gguf: Path | None = None  # the GGUF file it came from, if any (llama.cpp runs it as it is)
-    build: Callable[[torch.dtype], PreTrainedModel] | None = field(default=None, repr=False)  # makes a transformers model
+    build: Callable[[torch.dtype], PreTrainedModel] | None = field(
+        default=None, repr=False
+    )  # makes a transformers model
     generation: GenerationConfig | None = field(default=None, repr=False)
     # What is derived from the model once per process and shared by every decoder over it:
     # backends by (kind, precision, device, layers), native weights by (precision, device),
@@ -64,8 +75,15 @@ class LoadedModel:
         """A transformers model already in memory (its parameters are the weight source)."""
         model.eval()
         weights = ModuleWeights(model)
-        return cls(model.config, tokenizer, name, weights, generation=getattr(model, "generation_config", None),
-                   build=lambda dtype: build_model(model.config, weights, dtype), built={model.dtype: model})
+        return cls(
+            model.config,
+            tokenizer,
+            name,
+            weights,
+            generation=getattr(model, "generation_config", None),
+            build=lambda dtype: build_model(model.config, weights, dtype),
+            built={model.dtype: model},
+        )
 
     @property
     def stored_precision(self) -> str:
@@ -123,9 +141,7 @@ def default_cache_dir() -> Path:
 
 
 def load_model(
-    source: ModelSource,
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    cache_dir: str | os.PathLike | None = None,
+    source: ModelSource, tokenizer: PreTrainedTokenizerBase | None = None, cache_dir: str | os.PathLike | None = None
 ) -> LoadedModel:
     """Load `source` (None means the embedded default target) as a LoadedModel: its config,
     tokenizer and weight source; a transformers model is built only when asked for
@@ -138,9 +154,7 @@ def load_model(
     if isinstance(source, PreTrainedModel):
         return LoadedModel.of(source, tokenizer or _tokenizer_for(source), _model_name(source))
     if not isinstance(source, (str, os.PathLike)):
-        raise QuickdraftError(
-            f"a model must be a hub id, a path or a transformers model, not {type(source).__name__}"
-        )
+        raise QuickdraftError(f"a model must be a hub id, a path or a transformers model, not {type(source).__name__}")
     loaded = _load_path_or_id(str(source), cache)
     if tokenizer is not None:
         loaded.tokenizer = tokenizer
@@ -168,12 +182,7 @@ def _load_path_or_id(source: str, cache: Path) -> LoadedModel:
 
 def _looks_like_path(source: str) -> bool:
     """Hub ids are 'name' or 'owner/name'; anything else is meant as a path."""
-    return (
-        source.startswith((".", "/", "~"))
-        or source.endswith(".gguf")
-        or source.count("/") > 1
-        or "\\" in source
-    )
+    return source.startswith((".", "/", "~")) or source.endswith(".gguf") or source.count("/") > 1 or "\\" in source
 
 
 def _load_hub(model_id: str) -> LoadedModel:
@@ -245,8 +254,15 @@ def _load_gguf(path: Path, cache: Path) -> LoadedModel:
         except Exception as error:
             raise QuickdraftError(f"could not read GGUF file {path}: {_first_line(error)}") from error
 
-    return LoadedModel(config, tokenizer, path.stem, weights, gguf=path, build=build,
-                       generation=GenerationConfig.from_model_config(config))
+    return LoadedModel(
+        config,
+        tokenizer,
+        path.stem,
+        weights,
+        gguf=path,
+        build=build,
+        generation=GenerationConfig.from_model_config(config),
+    )
 
 
 def _cached_tokenizer(path: Path, config: PretrainedConfig, fast: bool, cache: Path) -> PreTrainedTokenizerBase:
@@ -299,8 +315,11 @@ def _first_line(error: BaseException) -> str:
 def other_tokenizer(target: LoadedModel, draft: LoadedModel) -> bool:
     """Whether both models have tokenizers and their vocabularies differ (drafts then go through
     the vocabularies' intersection, drafters/cross_vocab.py)."""
-    return (target.tokenizer is not None and draft.tokenizer is not None
-            and target.tokenizer.get_vocab() != draft.tokenizer.get_vocab())
+    return (
+        target.tokenizer is not None
+        and draft.tokenizer is not None
+        and target.tokenizer.get_vocab() != draft.tokenizer.get_vocab()
+    )
 
 
 def same_vocabulary(target: LoadedModel, draft: LoadedModel) -> bool:
@@ -311,9 +330,7 @@ def same_vocabulary(target: LoadedModel, draft: LoadedModel) -> bool:
         return False
     if target.tokenizer is not None and draft.tokenizer is not None:
         if draft_size > target_size:
-            raise QuickdraftError(
-                f"draft {draft.name!r} has {draft_size} logits, more than the target's {target_size}"
-            )
+            raise QuickdraftError(f"draft {draft.name!r} has {draft_size} logits, more than the target's {target_size}")
         return True
     if draft_size != target_size:
         raise QuickdraftError(

@@ -24,8 +24,16 @@ from quickdraft.models.precision import Precision, get_precision
 from quickdraft.models.quantize import stack_int4
 from quickdraft.models.quantized_linear import Int4Linear, Int8Linear, fused_quantized_linear, int4_fits
 from quickdraft.models.row_attention import RowGroup
-from quickdraft.models.weights import (EMBED, LM_HEAD, ModuleWeights, WeightSource, fused, give_back_freed_memory,
-                                      rotary_embedding, stored_name)
+from quickdraft.models.weights import (
+    EMBED,
+    LM_HEAD,
+    ModuleWeights,
+    WeightSource,
+    fused,
+    give_back_freed_memory,
+    rotary_embedding,
+    stored_name,
+)
 
 Linear = PackedLinear | ColumnLinear | RowLinear | Int8Linear | Int4Linear
 
@@ -80,15 +88,28 @@ class NativeWeights:
         return self.embed.device
 
     @classmethod
-    def from_model(cls, model: PreTrainedModel, precision: str | Precision = "fp32", pack: bool = True,
-                   device: torch.device | str = "cpu", dense_kernel: str = "bf16") -> NativeWeights:
+    def from_model(
+        cls,
+        model: PreTrainedModel,
+        precision: str | Precision = "fp32",
+        pack: bool = True,
+        device: torch.device | str = "cpu",
+        dense_kernel: str = "bf16",
+    ) -> NativeWeights:
         """from_source over a loaded transformers model's parameters."""
         return cls.from_source(model.config, ModuleWeights(model), precision, pack, device, dense_kernel)
 
     @classmethod
-    def from_source(cls, config: PretrainedConfig, source: WeightSource, precision: str | Precision = "fp32",
-                    pack: bool = True, device: torch.device | str = "cpu", dense_kernel: str = "bf16",
-                    progress: bool = False) -> NativeWeights:
+    def from_source(
+        cls,
+        config: PretrainedConfig,
+        source: WeightSource,
+        precision: str | Precision = "fp32",
+        pack: bool = True,
+        device: torch.device | str = "cpu",
+        dense_kernel: str = "bf16",
+        progress: bool = False,
+    ) -> NativeWeights:
         """The weights of the model `config` describes, read from `source` one tensor at a time
         (a quantized precision never holds more than one layer's matrices at full width).
         `pack=False` keeps plain dense weights (F.linear), which torch.compile can trace.
@@ -99,18 +120,22 @@ class NativeWeights:
         measures which is faster); "fp32" widens the weights to fp32 (twice the memory); "linear" (any dense
         precision): plain F.linear, as the static backend's fixed shapes want."""
         if not supports(config):
-            raise QuickdraftError(f"the native backend supports {', '.join(SUPPORTED_ARCHITECTURES)}, "
-                                  f"not {config.model_type!r}")
+            raise QuickdraftError(
+                f"the native backend supports {', '.join(SUPPORTED_ARCHITECTURES)}, not {config.model_type!r}"
+            )
         precision = get_precision(precision) if isinstance(precision, str) else precision
         device = torch.device(device)
         if precision.weights != "dense" and device.type != "cpu":
-            raise QuickdraftError(f"precision {precision.name} uses PyTorch's CPU kernels; on {device.type} "
-                                  f"use bf16 or fp32")
+            raise QuickdraftError(
+                f"precision {precision.name} uses PyTorch's CPU kernels; on {device.type} use bf16 or fp32"
+            )
         dtype = precision.dtype
         gemma = config.model_type == GEMMA3
         if gemma and precision.name != "fp32":
-            raise QuickdraftError(f"Gemma 3 runs on the native backend at fp32 for now, not {precision.name} "
-                                  f"(backend='hf' runs it at any dtype transformers takes)")
+            raise QuickdraftError(
+                f"Gemma 3 runs on the native backend at fp32 for now, not {precision.name} "
+                f"(backend='hf' runs it at any dtype transformers takes)"
+            )
         present = source.names()
 
         def cast(tensor: torch.Tensor) -> torch.Tensor:
@@ -151,25 +176,32 @@ class NativeWeights:
 
         layer_types = getattr(config, "layer_types", None) if gemma else None
         layers = []
-        for index in tqdm(range(config.num_hidden_layers), desc="quickdraft: reading layers", unit="layer",
-                          disable=not progress, file=sys.stderr):
+        for index in tqdm(
+            range(config.num_hidden_layers),
+            desc="quickdraft: reading layers",
+            unit="layer",
+            disable=not progress,
+            file=sys.stderr,
+        ):
             at = f"model.layers.{index}"
             attn, mlp = f"{at}.self_attn", f"{at}.mlp"
             sliding = layer_types is not None and layer_types[index] == "sliding_attention"
-            layers.append(LayerWeights(
-                input_norm=norm(f"{at}.input_layernorm"),
-                qkv=linear([f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"]),
-                o=linear([f"{attn}.o_proj"]),
-                post_norm=norm(f"{at}.pre_feedforward_layernorm" if gemma else f"{at}.post_attention_layernorm"),
-                gate_up=linear([f"{mlp}.gate_proj", f"{mlp}.up_proj"]),
-                down=linear([f"{mlp}.down_proj"]),
-                q_norm=norm(f"{attn}.q_norm") if gemma else None,
-                k_norm=norm(f"{attn}.k_norm") if gemma else None,
-                attn_out_norm=norm(f"{at}.post_attention_layernorm") if gemma else None,
-                mlp_out_norm=norm(f"{at}.post_feedforward_layernorm") if gemma else None,
-                window=int(config.sliding_window) if sliding else None,
-                rotary=1 if sliding else 0,
-            ))
+            layers.append(
+                LayerWeights(
+                    input_norm=norm(f"{at}.input_layernorm"),
+                    qkv=linear([f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"]),
+                    o=linear([f"{attn}.o_proj"]),
+                    post_norm=norm(f"{at}.pre_feedforward_layernorm" if gemma else f"{at}.post_attention_layernorm"),
+                    gate_up=linear([f"{mlp}.gate_proj", f"{mlp}.up_proj"]),
+                    down=linear([f"{mlp}.down_proj"]),
+                    q_norm=norm(f"{attn}.q_norm") if gemma else None,
+                    k_norm=norm(f"{attn}.k_norm") if gemma else None,
+                    attn_out_norm=norm(f"{at}.post_attention_layernorm") if gemma else None,
+                    mlp_out_norm=norm(f"{at}.post_feedforward_layernorm") if gemma else None,
+                    window=int(config.sliding_window) if sliding else None,
+                    rotary=1 if sliding else 0,
+                )
+            )
             give_back_freed_memory()
         rotary = rotary_embedding(config)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -189,27 +221,53 @@ class NativeWeights:
             embed = source.read(EMBED, dtype).to(device)
         if gemma:
             full, local = rotary.full_attention_inv_freq, rotary.sliding_attention_inv_freq
-            return cls(embed, layers, norm("model.norm"), lm_head, full.detach().float(),
-                       float(rotary.full_attention_attention_scaling), float(config.rms_norm_eps),
-                       config.num_attention_heads, config.num_key_value_heads, head_dim, max_length, dtype,
-                       precision.name, embed_scale=float(config.hidden_size) ** 0.5, activation="gelu_tanh",
-                       attn_scale=float(config.query_pre_attn_scalar) ** -0.5,
-                       inv_freqs=[full.detach().float(), local.detach().float()])
-        return cls(embed, layers, norm("model.norm"), lm_head, rotary.inv_freq.detach().float(),
-                   float(getattr(rotary, "attention_scaling", 1.0)), float(config.rms_norm_eps),
-                   config.num_attention_heads, config.num_key_value_heads, head_dim, max_length, dtype,
-                   precision.name)
+            return cls(
+                embed,
+                layers,
+                norm("model.norm"),
+                lm_head,
+                full.detach().float(),
+                float(rotary.full_attention_attention_scaling),
+                float(config.rms_norm_eps),
+                config.num_attention_heads,
+                config.num_key_value_heads,
+                head_dim,
+                max_length,
+                dtype,
+                precision.name,
+                embed_scale=float(config.hidden_size) ** 0.5,
+                activation="gelu_tanh",
+                attn_scale=float(config.query_pre_attn_scalar) ** -0.5,
+                inv_freqs=[full.detach().float(), local.detach().float()],
+            )
+        return cls(
+            embed,
+            layers,
+            norm("model.norm"),
+            lm_head,
+            rotary.inv_freq.detach().float(),
+            float(getattr(rotary, "attention_scaling", 1.0)),
+            float(config.rms_norm_eps),
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            head_dim,
+            max_length,
+            dtype,
+            precision.name,
+        )
 
 
 def supports(config: PretrainedConfig, precision: str | None = None) -> bool:
     """True for the architectures the native backend computes exactly like transformers (at
     `precision`; None: at some precision)."""
     if getattr(config, "model_type", None) == GEMMA3:
-        return (getattr(config, "hidden_activation", None) == "gelu_pytorch_tanh"
-                and getattr(config, "final_logit_softcapping", None) is None
-                and getattr(config, "attn_logit_softcapping", None) is None
-                and not getattr(config, "use_bidirectional_attention", False)
-                and precision in (None, "fp32"))
+        return (
+            getattr(config, "hidden_activation", None) == "gelu_pytorch_tanh"
+            and getattr(config, "final_logit_softcapping", None) is None
+            and getattr(config, "attn_logit_softcapping", None) is None
+            and not getattr(config, "use_bidirectional_attention", False)
+            and precision in (None, "fp32")
+        )
     return (
         getattr(config, "model_type", None) in SUPPORTED_ARCHITECTURES
         and getattr(config, "hidden_act", "silu") == "silu"

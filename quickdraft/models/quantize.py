@@ -54,10 +54,10 @@ def quantize_int8(weight: torch.Tensor, out: Int8Weight | None = None) -> Int8We
     out: where to write (rows of a fused weight; made when None)."""
     out = out if out is not None else Int8Weight.empty(tuple(weight.shape))
     for start in range(0, weight.shape[0], ROWS_AT_ONCE):
-        w = weight[start:start + ROWS_AT_ONCE].float()
+        w = weight[start : start + ROWS_AT_ONCE].float()
         scales = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)  # [rows]
-        out.q[start:start + ROWS_AT_ONCE] = torch.round(w / scales[:, None]).clamp(-127, 127)
-        out.scales[start:start + ROWS_AT_ONCE] = scales
+        out.q[start : start + ROWS_AT_ONCE] = torch.round(w / scales[:, None]).clamp(-127, 127)
+        out.scales[start : start + ROWS_AT_ONCE] = scales
     return out
 
 
@@ -95,5 +95,9 @@ def stack_int4(parts: list[Int4Weight]) -> Int4Weight:
     """Fuse several int4 weights over the same input along their outputs (q, k, v -> qkv)."""
     if len({p.group for p in parts}) != 1:
         raise ValueError("fused int4 weights need one group size")
-    return Int4Weight(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]),
-                      torch.cat([p.zeros for p in parts]), parts[0].group)
+    return Int4Weight(
+        torch.cat([p.q for p in parts]),
+        torch.cat([p.scales for p in parts]),
+        torch.cat([p.zeros for p in parts]),
+        parts[0].group,
+    )

@@ -47,8 +47,12 @@ class Int4Linear:
     def __init__(self, weight: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         # [out, in/2], packed a block of rows at a time (rows pack alone: equal to one call, and
         # the int32 copy the packer takes stays small)
-        self.packed = torch.cat([torch.ops.aten._convert_weight_to_int4pack_for_cpu(rows.to(torch.int32), 1)
-                                 for rows in weight.q.split(ROWS_AT_ONCE)])
+        self.packed = torch.cat(
+            [
+                torch.ops.aten._convert_weight_to_int4pack_for_cpu(rows.to(torch.int32), 1)
+                for rows in weight.q.split(ROWS_AT_ONCE)
+            ]
+        )
         # The kernel's layout: [in / group, out, (scale, zero)].
         pairs = torch.stack([weight.scales, weight.zeros], dim=-1)  # [out, in / group, 2]
         self.scales_and_zeros = pairs.transpose(0, 1).contiguous().to(dtype)
@@ -71,15 +75,22 @@ def int4_fits(out_features: int, in_features: int, group: int) -> bool:
     return out_features % INT4_OUT_MULTIPLE == 0 and group in INT4_GROUPS and in_features % group == 0
 
 
-def quantized_linear(weight: torch.Tensor, bias: torch.Tensor | None, kind: str, dtype: torch.dtype,
-                     group: int = 32) -> Int8Linear | Int4Linear:
+def quantized_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None, kind: str, dtype: torch.dtype, group: int = 32
+) -> Int8Linear | Int4Linear:
     """An int8 or int4 layer for a float `weight` [out, in] (rounded from fp32 values); int4 falls
     back to int8 for shapes its kernel cannot take."""
     return fused_quantized_linear([weight], tuple(weight.shape), bias, kind, dtype, group)
 
 
-def fused_quantized_linear(parts: Iterable[torch.Tensor], shape: tuple[int, int], bias: torch.Tensor | None,
-                           kind: str, dtype: torch.dtype, group: int = 32) -> Int8Linear | Int4Linear:
+def fused_quantized_linear(
+    parts: Iterable[torch.Tensor],
+    shape: tuple[int, int],
+    bias: torch.Tensor | None,
+    kind: str,
+    dtype: torch.dtype,
+    group: int = 32,
+) -> Int8Linear | Int4Linear:
     """One layer for weights fused along outputs into `shape` [out, in], each part rounded as it
     comes (rows are rounded on their own, so this equals rounding the fused matrix): a generator
     of parts holds one at full width at a time."""

@@ -19,8 +19,13 @@ from quickdraft.models.weights import meta_model
 SHARD_BYTES = 1 << 30  # at most this much per safetensors file
 
 
-def random_checkpoint(config: PretrainedConfig, out: str | Path, dtype: torch.dtype = torch.bfloat16,
-                      seed: int = 0, progress: bool = False) -> Path:
+def random_checkpoint(
+    config: PretrainedConfig,
+    out: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    progress: bool = False,
+) -> Path:
     """A folder at `out` with `config` and random weights in `dtype`: matrices ~ N(0, 1/fan_in)
     (embeddings and the LM head scaled so next-token distributions are peaked), norms at one."""
     out = Path(out)
@@ -38,8 +43,9 @@ def random_checkpoint(config: PretrainedConfig, out: str | Path, dtype: torch.dt
         shards.append(list(shard))
         shard.clear()
 
-    for name, shape in tqdm(shapes.items(), desc=f"writing {out.name}", unit="tensor", disable=not progress,
-                            file=sys.stderr):
+    for name, shape in tqdm(
+        shapes.items(), desc=f"writing {out.name}", unit="tensor", disable=not progress, file=sys.stderr
+    ):
         if len(shape) == 1:
             tensor = torch.ones(shape, dtype=dtype)
         else:

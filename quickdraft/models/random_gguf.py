@@ -36,10 +36,17 @@ class GgufShape:
 
     def metadata(self, arch: str) -> dict[str, int]:
         """The GGUF keys that carry these sizes (the values that replace the real file's)."""
-        keys = {"embedding_length": self.hidden, "block_count": self.layers, "feed_forward_length": self.ffn,
-                "attention.head_count": self.heads, "attention.head_count_kv": self.kv_heads,
-                "attention.key_length": self.head_dim, "attention.value_length": self.head_dim,
-                "rope.dimension_count": self.head_dim, "context_length": self.context}
+        keys = {
+            "embedding_length": self.hidden,
+            "block_count": self.layers,
+            "feed_forward_length": self.ffn,
+            "attention.head_count": self.heads,
+            "attention.head_count_kv": self.kv_heads,
+            "attention.key_length": self.head_dim,
+            "attention.value_length": self.head_dim,
+            "rope.dimension_count": self.head_dim,
+            "context_length": self.context,
+        }
         if self.window is not None:
             keys["attention.sliding_window"] = self.window
         return {f"{arch}.{key}": value for key, value in keys.items()}
@@ -48,9 +55,19 @@ class GgufShape:
 def _tensor_shape(role: str, shape: GgufShape, vocab: int) -> tuple[int, ...]:
     """A tensor's numpy shape [out, in] (GGUF lists it the other way round) by its name's role."""
     h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    shapes = {"token_embd": (vocab, h), "output": (vocab, h), "attn_q": (q, h), "attn_k": (kv, h), "attn_v": (kv, h),
-              "attn_output": (h, q), "ffn_gate": (shape.ffn, h), "ffn_up": (shape.ffn, h), "ffn_down": (h, shape.ffn),
-              "attn_q_norm": (shape.head_dim,), "attn_k_norm": (shape.head_dim,)}
+    shapes = {
+        "token_embd": (vocab, h),
+        "output": (vocab, h),
+        "attn_q": (q, h),
+        "attn_k": (kv, h),
+        "attn_v": (kv, h),
+        "attn_output": (h, q),
+        "ffn_gate": (shape.ffn, h),
+        "ffn_up": (shape.ffn, h),
+        "ffn_down": (h, shape.ffn),
+        "attn_q_norm": (shape.head_dim,),
+        "attn_k_norm": (shape.head_dim,),
+    }
     if role in shapes:
         return shapes[role]
     if role.endswith("_norm"):  # attn_norm, ffn_norm, output_norm, post_attention_norm, post_ffw_norm
@@ -58,8 +75,9 @@ def _tensor_shape(role: str, shape: GgufShape, vocab: int) -> tuple[int, ...]:
     raise QuickdraftError(f"no random shape for GGUF tensor role {role!r}")
 
 
-def _copy_fields(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, replaced: dict[str, int],
-                 vocab: int | None, dtype: str) -> None:
+def _copy_fields(
+    reader: gguf.GGUFReader, writer: gguf.GGUFWriter, replaced: dict[str, int], vocab: int | None, dtype: str
+) -> None:
     """Every metadata key of the real file (its tokenizer, chat template, rope settings), with
     the sizes replaced, the file type set to `dtype`'s, and the vocabulary cut to its first `vocab`
     tokens if given."""
@@ -83,8 +101,15 @@ def _copy_fields(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, replaced: dic
             writer.add_uint32(key, value)
 
 
-def random_gguf(like: str | Path, out: str | Path, shape: GgufShape, seed: int = 0,
-                vocab: int | None = None, dtype: str = "F32", progress: bool = False) -> Path:
+def random_gguf(
+    like: str | Path,
+    out: str | Path,
+    shape: GgufShape,
+    seed: int = 0,
+    vocab: int | None = None,
+    dtype: str = "F32",
+    progress: bool = False,
+) -> Path:
     """A GGUF at `out` with `like`'s architecture, tokenizer and tensor names, and random weights
     at `shape`: matrices ~ N(0, 1/fan_in) so activations keep their scale, embeddings scaled so
     next-token distributions are peaked rather than flat, norms at one. vocab: keep only the first
@@ -105,14 +130,17 @@ def random_gguf(like: str | Path, out: str | Path, shape: GgufShape, seed: int =
     _copy_fields(reader, writer, replaced, vocab if vocab < int(embedding.shape[1]) else None, dtype)
     names = {re.sub(r"^blk\.\d+\.", "", t.name) for t in reader.tensors if t.name.startswith("blk.")}
     top = [t.name for t in reader.tensors if not t.name.startswith("blk.")]
-    tensors = [(name, _tensor_shape(name.removesuffix(".weight").split(".")[-1], shape, vocab))
-               for name in top + [f"blk.{i}.{n}" for i in range(shape.layers) for n in sorted(names)]]
+    tensors = [
+        (name, _tensor_shape(name.removesuffix(".weight").split(".")[-1], shape, vocab))
+        for name in top + [f"blk.{i}.{n}" for i in range(shape.layers) for n in sorted(names)]
+    ]
     matrix = np.float16 if dtype == "F16" else np.float32
     for name, size in tensors:
         if len(size) > 1 and dtype == "Q4_0":
             rows = (size[0], size[1] // Q4_0_BLOCK * Q4_0_BYTES)  # [out, bytes of a row's blocks]
-            writer.add_tensor_info(name, rows, np.dtype(np.uint8), int(np.prod(rows)),
-                                   raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+            writer.add_tensor_info(
+                name, rows, np.dtype(np.uint8), int(np.prod(rows)), raw_dtype=gguf.GGMLQuantizationType.Q4_0
+            )
             continue
         kind = np.float32 if len(size) == 1 else matrix
         writer.add_tensor_info(name, size, np.dtype(kind), int(np.prod(size)) * np.dtype(kind).itemsize)
@@ -120,8 +148,9 @@ def random_gguf(like: str | Path, out: str | Path, shape: GgufShape, seed: int =
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
-    for name, size in tqdm(tensors, desc=f"writing {Path(out).name}", unit="tensor", disable=not progress,
-                           file=sys.stderr):
+    for name, size in tqdm(
+        tensors, desc=f"writing {Path(out).name}", unit="tensor", disable=not progress, file=sys.stderr
+    ):
         if len(size) == 1:
             values = np.ones(size, dtype=np.float32)
         else:

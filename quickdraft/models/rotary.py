@@ -20,8 +20,9 @@ class RotaryTable:
     """cos and sin of position * frequency for every position used so far, grown by doubling up
     to the context length, so a pass looks its rows up instead of computing them."""
 
-    def __init__(self, inv_freq: torch.Tensor, scale: float, max_length: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(
+        self, inv_freq: torch.Tensor, scale: float, max_length: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
         self.inv_freq = inv_freq.float().to(device)  # [D / 2] (any HF rope scaling already applied)
         self.scale, self.max_length, self.dtype = scale, max_length, dtype
         self.cos = self.sin = torch.empty(0, 2 * inv_freq.shape[0], dtype=dtype, device=device)  # [P, D]

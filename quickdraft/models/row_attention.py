@@ -67,8 +67,9 @@ class RowGroup:
     tail: int = KEY_CHUNK  # keys of the own part when shared: a tree read in place may span several chunks
 
 
-def row_groups(start: int, n: int, mask: torch.Tensor | None,
-               device: torch.device | str = "cpu", in_place: bool = False) -> list[RowGroup]:
+def row_groups(
+    start: int, n: int, mask: torch.Tensor | None, device: torch.device | str = "cpu", in_place: bool = False
+) -> list[RowGroup]:
     """Group a pass's rows (cache slots start..start+n-1) by how they read their keys. mask
     [n, start + n] (True: visible), or None for a causal pass (no per-row work: a long prefill
     stays cheap).
@@ -99,7 +100,9 @@ def row_groups(start: int, n: int, mask: torch.Tensor | None,
             groups.append(_gathered_group([i], prefix, [s], device, prefix_index=path[:prefix]))
     if read:
         groups.append(_in_place_group(read, first, start + n, mask, device))
-    return [_gathered_group(rows, prefix, [seen[i] for i in rows], device) for prefix, rows in gathered.items()] + groups
+    return [
+        _gathered_group(rows, prefix, [seen[i] for i in rows], device) for prefix, rows in gathered.items()
+    ] + groups
 
 
 def _shared_group(start: int, rows: list[int], device: torch.device | str) -> RowGroup:
@@ -111,8 +114,7 @@ def _shared_group(start: int, rows: list[int], device: torch.device | str) -> Ro
     return RowGroup(slice(rows[0], rows[-1] + 1), prefix, hidden[:, None, :])
 
 
-def _in_place_group(rows: list[int], prefix: int, end: int, mask: torch.Tensor,
-                    device: torch.device | str) -> RowGroup:
+def _in_place_group(rows: list[int], prefix: int, end: int, mask: torch.Tensor, device: torch.device | str) -> RowGroup:
     """Tree rows of the chunk at `prefix` reading slots prefix..end-1 (whole chunks) in place; a
     slot a row may not see, or past the pass, is hidden."""
     tail = (end - prefix + KEY_CHUNK - 1) // KEY_CHUNK * KEY_CHUNK
@@ -123,8 +125,13 @@ def _in_place_group(rows: list[int], prefix: int, end: int, mask: torch.Tensor,
     return RowGroup(which.to(device), prefix, hidden[:, None, :].to(device), tail=tail)
 
 
-def _gathered_group(rows: list[int], prefix: int, seen: list[list[int]], device: torch.device | str,
-                    prefix_index: torch.Tensor | None = None) -> RowGroup:
+def _gathered_group(
+    rows: list[int],
+    prefix: int,
+    seen: list[list[int]],
+    device: torch.device | str,
+    prefix_index: torch.Tensor | None = None,
+) -> RowGroup:
     """Tree rows that gather their own chunk: its visible slots in path order, then masked padding."""
     tails = [s[prefix:] for s in seen]
     index = torch.tensor([t + [0] * (KEY_CHUNK - len(t)) for t in tails], dtype=torch.long, device=device)  # [m, C]
@@ -134,8 +141,9 @@ def _gathered_group(rows: list[int], prefix: int, seen: list[list[int]], device:
     return RowGroup(which, prefix, hidden[:, :, None], index, prefix_index)
 
 
-def group_keys(keys: torch.Tensor, values: torch.Tensor, group: RowGroup
-               ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, tuple[torch.Tensor, torch.Tensor]]:
+def group_keys(
+    keys: torch.Tensor, values: torch.Tensor, group: RowGroup
+) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, tuple[torch.Tensor, torch.Tensor]]:
     """A group's keys and values from one layer of a cache (keys [KV, capacity, D], values
     [KV, capacity, D + 1]): the prefix part [KV, prefix, D (+1)] (None when empty) and the own
     chunks [KV, C, D (+1)] (shared) or [KV, m, C, D (+1)] (per row)."""
@@ -150,14 +158,20 @@ def group_keys(keys: torch.Tensor, values: torch.Tensor, group: RowGroup
         tail = keys[:, c : c + group.tail], values[:, c : c + group.tail]
     else:  # index_select over the flat index: a few times faster than indexing with the 2-d one
         m, flat = group.tail_index.shape[0], group.tail_index.view(-1)
-        tail = (keys.index_select(1, flat).view(keys.shape[0], m, KEY_CHUNK, -1),
-                values.index_select(1, flat).view(values.shape[0], m, KEY_CHUNK, -1))
+        tail = (
+            keys.index_select(1, flat).view(keys.shape[0], m, KEY_CHUNK, -1),
+            values.index_select(1, flat).view(values.shape[0], m, KEY_CHUNK, -1),
+        )
     return prefix, tail
 
 
-def row_invariant_attention(q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor] | None,
-                            tail: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor,
-                            scale: float | None = None) -> torch.Tensor:
+def row_invariant_attention(
+    q: torch.Tensor,
+    prefix: tuple[torch.Tensor, torch.Tensor] | None,
+    tail: tuple[torch.Tensor, torch.Tensor],
+    hidden: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Softmax attention of q [H, m, D] over a prefix part and own chunks (see group_keys; fp32,
     values with a trailing ones column) -> [H, m, D] in q's dtype. The canonical sum: the
     module's docstring."""
@@ -165,7 +179,7 @@ def row_invariant_attention(q: torch.Tensor, prefix: tuple[torch.Tensor, torch.T
     kv_heads = tail[0].shape[0]
     group = heads // kv_heads  # query heads per KV head, consecutive as in transformers
     cols = group * m
-    scale = dim ** -0.5 if scale is None else scale
+    scale = dim**-0.5 if scale is None else scale
     per_row = tail[0].dim() == 4
     queries = q.float().reshape(kv_heads, cols, dim)  # [KV, G m, D]: column g m + r
     wide = F.pad(queries.transpose(1, 2), (0, whole_column_blocks(cols) - cols))  # [KV, D, pad]
@@ -181,7 +195,9 @@ def row_invariant_attention(q: torch.Tensor, prefix: tuple[torch.Tensor, torch.T
         tail_max = tail_scores.max(dim=1, keepdim=True).values  # (max's kernel: about twice amax's speed here)
     top = tail_max  # [KV, 1, G, m]: the row's largest score
     if prefix is not None:
-        prefix_scores = torch.matmul(prefix[0], wide)[..., :cols].view(kv_heads, -1, group, m).mul_(scale)  # [KV, c, G, m]
+        prefix_scores = (
+            torch.matmul(prefix[0], wide)[..., :cols].view(kv_heads, -1, group, m).mul_(scale)
+        )  # [KV, c, G, m]
         top = torch.maximum(top, prefix_scores.max(dim=1, keepdim=True).values)
     if per_row:
         tail_weights = torch.exp(tail_scores - top[:, 0].permute(0, 2, 1)[:, :, None])  # [KV, m, C, G]
@@ -205,8 +221,9 @@ def _weighted_values(values: torch.Tensor, weights: torch.Tensor, cols: int) -> 
     return torch.matmul(values.transpose(1, 2), padded)[..., :cols]
 
 
-def trees_read_in_place(heads: int, kv_heads: int, head_dim: int, device: torch.device | str = "cpu",
-                        trials: int = 24) -> bool:
+def trees_read_in_place(
+    heads: int, kv_heads: int, head_dim: int, device: torch.device | str = "cpu", trials: int = 24
+) -> bool:
     """Whether tree rows read in place (the module docstring) get, bit for bit, what their one-token
     passes get with this machine's matmul kernel: random trees after random cache lengths, every
     row compared in fp32. A property of the kernel, so the native backend checks it once per
@@ -223,7 +240,9 @@ def trees_read_in_place(heads: int, kv_heads: int, head_dim: int, device: torch.
         k[:, : keys.shape[1]], v[:, : keys.shape[1], :head_dim] = keys, values
         return k, v
 
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
+    def attend(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         out = torch.empty_like(q)
         for group in row_groups(start, q.shape[1], mask, device, in_place=True):
             out[:, group.rows] = row_invariant_attention(q[:, group.rows], *group_keys(k, v, group), group.hidden)
@@ -241,7 +260,9 @@ def trees_read_in_place(heads: int, kv_heads: int, head_dim: int, device: torch.
         rows = attend(q, *cache(keys, values, capacity), start, mask)
         for row, path in enumerate(paths):
             order = list(range(start)) + [start + slot for slot in path]
-            alone = attend(q[:, row : row + 1], *cache(keys[:, order], values[:, order], capacity), len(order) - 1, None)
+            alone = attend(
+                q[:, row : row + 1], *cache(keys[:, order], values[:, order], capacity), len(order) - 1, None
+            )
             if not torch.equal(rows[:, row : row + 1], alone):
                 return False
     return True

@@ -89,8 +89,9 @@ def rotary_embedding(config: PretrainedConfig) -> torch.nn.Module:
     return type(meta_model(config).model.rotary_emb)(config=config)
 
 
-def check_shapes(config: PretrainedConfig, source: WeightSource, where: str,
-                 model: PreTrainedModel | None = None) -> None:
+def check_shapes(
+    config: PretrainedConfig, source: WeightSource, where: str, model: PreTrainedModel | None = None
+) -> None:
     """Every parameter the config's model has is in `source` at its shape, or one clear error that
     names the file and the tensor (a tied LM head may be absent). model: the config's meta_model,
     where the caller has made it already."""
@@ -102,8 +103,9 @@ def check_shapes(config: PretrainedConfig, source: WeightSource, where: str,
                 continue
             raise QuickdraftError(f"{where} has no tensor {name}, which its config's {config.model_type} model needs")
         if tuple(source.shape(name)) != tuple(tensor.shape):
-            raise QuickdraftError(f"{where}: tensor {name} has shape {list(source.shape(name))}, its config "
-                                  f"says {list(tensor.shape)}")
+            raise QuickdraftError(
+                f"{where}: tensor {name} has shape {list(source.shape(name))}, its config says {list(tensor.shape)}"
+            )
 
 
 def stored_name(source: WeightSource, config: PretrainedConfig, name: str) -> str:
@@ -194,9 +196,18 @@ class ModuleWeights:
 
 
 # safetensors' dtype names -> torch dtypes (the ones checkpoints hold)
-SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-                      "U8": torch.uint8, "BOOL": torch.bool}
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 @dataclass(frozen=True)
@@ -267,8 +278,9 @@ class SafetensorsWeights:
             handle.seek(stored.start + offset)
             read = handle.readinto(memoryview(out.view(-1).view(torch.uint8).numpy()))
         if read != out.numel() * out.element_size():
-            raise QuickdraftError(f"{stored.file} ends inside tensor {name} (read {offset + read} of {stored.size} "
-                                  "bytes): truncated?")
+            raise QuickdraftError(
+                f"{stored.file} ends inside tensor {name} (read {offset + read} of {stored.size} bytes): truncated?"
+            )
 
     def int4_blocks(self, name: str) -> Int4Weight | None:
         return None
@@ -297,10 +309,13 @@ def _read_header(path: Path) -> dict[str, _Stored]:
             raise QuickdraftError(f"{path}: tensor {name} has dtype {entry['dtype']}, which quickdraft does not read")
         begin, end = entry["data_offsets"]
         if 8 + length + end > size:
-            raise QuickdraftError(f"{path} ends inside tensor {name} (bytes {8 + length + begin}-{8 + length + end} "
-                                  f"of {size}): truncated?")
-        stored[name] = _Stored(path, SAFETENSORS_DTYPES[entry["dtype"]], tuple(entry["shape"]), 8 + length + begin,
-                               end - begin)
+            raise QuickdraftError(
+                f"{path} ends inside tensor {name} (bytes {8 + length + begin}-{8 + length + end} "
+                f"of {size}): truncated?"
+            )
+        stored[name] = _Stored(
+            path, SAFETENSORS_DTYPES[entry["dtype"]], tuple(entry["shape"]), 8 + length + begin, end - begin
+        )
     return stored
 
 
@@ -344,7 +359,7 @@ class GgufWeights:
             return
         rows, start = out.view(-1, tensor.shape[-1]), 0
         for block in self._blocks(tensor, order, ROWS_AT_ONCE):
-            rows[start:start + len(block)] = block.to(out.dtype)
+            rows[start : start + len(block)] = block.to(out.dtype)
             start += len(block)
 
     def get(self, name: str) -> torch.Tensor:
@@ -371,14 +386,15 @@ class GgufWeights:
         stored rows that land in it (order: where each stored row goes, from _row_order)."""
         placed = torch.argsort(order)  # out row r holds stored row placed[r]
         for start in range(0, tensor.shape[0], rows):
-            block = placed[start:start + rows]
+            block = placed[start : start + rows]
             first, last = int(block.min()), int(block.max()) + 1
             yield torch.from_numpy(tensor.rows(first, last))[block - first]
 
     def _processed(self, tensor: GgufTensor, values: np.ndarray) -> torch.Tensor:
         parsed: dict[str, dict] = {"config": self._config, "tensors": {}}
-        result = self._processor.process(weights=values, name=tensor.name, tensor_key_mapping=self._gguf_names,
-                                         parsed_parameters=parsed)
+        result = self._processor.process(
+            weights=values, name=tensor.name, tensor_key_mapping=self._gguf_names, parsed_parameters=parsed
+        )
         return torch.from_numpy(np.array(result.weights, dtype=np.float32))
 
     def _row_order(self, tensor: GgufTensor) -> torch.Tensor | None:

@@ -66,18 +66,35 @@ class Admission:
         self._check_settings(method, settings)
         if any(not stop for stop in body.stops()):
             raise ApiError(400, "stop strings must not be empty", param="stop")
-        options = dict(temperature=body.temperature, top_k=body.top_k,
-                       top_p=None if body.top_p >= 1.0 else body.top_p,
-                       seed=body.seed if body.seed is not None else secrets.randbits(63), stop=body.stops() or None,
-                       logprobs=body.top_logprobs())
-        return Job(prompt_ids, requested, options, method, settings, on_step=events.on_step,
-                   on_finish=events.on_finish, on_error=events.on_error, cancelled=events.cancelled)
+        options = dict(
+            temperature=body.temperature,
+            top_k=body.top_k,
+            top_p=None if body.top_p >= 1.0 else body.top_p,
+            seed=body.seed if body.seed is not None else secrets.randbits(63),
+            stop=body.stops() or None,
+            logprobs=body.top_logprobs(),
+        )
+        return Job(
+            prompt_ids,
+            requested,
+            options,
+            method,
+            settings,
+            on_step=events.on_step,
+            on_finish=events.on_finish,
+            on_error=events.on_error,
+            cancelled=events.cancelled,
+        )
 
     def _check_fields(self, body: SamplingRequest) -> None:
         """The model this server has, one choice, and no feature it lacks."""
         if body.model != self.model:
-            raise ApiError(404, f"the model {body.model!r} does not exist; this server has {self.model!r}",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"the model {body.model!r} does not exist; this server has {self.model!r}",
+                param="model",
+                code="model_not_found",
+            )
         if body.n != 1:
             raise ApiError(400, "only n=1 is supported", param="n")
         unsupported = body.unsupported()
@@ -95,20 +112,28 @@ class Admission:
         if requested < 1:
             raise ApiError(400, f"max_tokens must be >= 1, got {requested}", param="max_tokens")
         if requested > self.max_tokens_limit:
-            raise ApiError(400, f"max_tokens {requested} is over this server's limit of {self.max_tokens_limit}",
-                           param="max_tokens")
+            raise ApiError(
+                400,
+                f"max_tokens {requested} is over this server's limit of {self.max_tokens_limit}",
+                param="max_tokens",
+            )
         if prompt_tokens + requested > limit:
-            raise ApiError(400, f"the prompt ({prompt_tokens} tokens) plus max_tokens ({requested}) exceeds "
-                                f"the context length of {limit} tokens", param="max_tokens",
-                           code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"the prompt ({prompt_tokens} tokens) plus max_tokens ({requested}) exceeds "
+                f"the context length of {limit} tokens",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
         return requested
 
     def _check_settings(self, method: str | None, settings: dict) -> None:
         """The request's method and options, checked as the library checks them (400 on a bad one)."""
         if any(name in MODEL_OPTIONS for name in settings):
             name = next(name for name in settings if name in MODEL_OPTIONS)
-            raise ApiError(400, f"option {name!r} is set when the server starts, not per request",
-                           param=f"quickdraft.{name}")
+            raise ApiError(
+                400, f"option {name!r} is set when the server starts, not per request", param=f"quickdraft.{name}"
+            )
         decoder = self.decoder
         base = {} if method is not None else dict(decoder.config.given)
         try:

@@ -21,8 +21,9 @@ class Answers:
     def __init__(self, admission: Admission, scheduler: Scheduler, metrics: ServerMetrics) -> None:
         self.admission, self.scheduler, self.metrics = admission, scheduler, metrics
 
-    async def answer(self, body: SamplingRequest, prompt_ids: list[int], chat: bool, request: Request,
-                     steps: bool = False) -> Response:
+    async def answer(
+        self, body: SamplingRequest, prompt_ids: list[int], chat: bool, request: Request, steps: bool = False
+    ) -> Response:
         """The answer to `body` on `prompt_ids`: OpenAI's JSON or SSE stream (body.stream), or with
         `steps` the playground's stream of target passes."""
         events = JobEvents(self.metrics, request.scope["route"].path, every_step=steps, stream=body.stream)

@@ -13,8 +13,15 @@ from quickdraft.serve.protocol import error_body
 class ApiError(Exception):
     """An OpenAI-style error answer: status code, message, type, param."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
         self.headers = headers
@@ -33,8 +40,12 @@ def job_error(message: str, status: int) -> ApiError:
 
 
 def too_long(what: str, limit: int, param: str) -> ApiError:
-    return ApiError(400, f"{what} is longer than the context length of {limit} tokens; shorten it",
-                    param=param, code="context_length_exceeded")
+    return ApiError(
+        400,
+        f"{what} is longer than the context length of {limit} tokens; shorten it",
+        param=param,
+        code="context_length_exceeded",
+    )
 
 
 def add_error_handlers(app: FastAPI) -> None:
@@ -53,8 +64,11 @@ def _answer(request: Request, error: ApiError) -> JSONResponse:
 async def _invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
     first = _most_specific(error.errors())
     where = ".".join(str(part) for part in first.get("loc", ())[1:] if "[" not in str(part)) or None
-    message = "request body is not valid JSON" if first.get("type") == "json_invalid" else (
-        f"{where or 'body'}: {first.get('msg', 'invalid value')}")
+    message = (
+        "request body is not valid JSON"
+        if first.get("type") == "json_invalid"
+        else (f"{where or 'body'}: {first.get('msg', 'invalid value')}")
+    )
     return _answer(request, ApiError(400, message, param=where))
 
 
@@ -74,5 +88,4 @@ async def _unexpected(request: Request, error: Exception) -> JSONResponse:
 def _most_specific(errors: list[dict]) -> dict:
     """The validation error to report: the deepest, and a broken constraint before a type mismatch
     (a union field reports one mismatch per alternative it tried)."""
-    return min(errors, key=lambda e: (-len(e.get("loc", ())), str(e.get("type", "")).endswith("_type")),
-               default={})
+    return min(errors, key=lambda e: (-len(e.get("loc", ())), str(e.get("type", "")).endswith("_type")), default={})

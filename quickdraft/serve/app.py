@@ -22,9 +22,17 @@ from quickdraft.serve.scheduler import Scheduler
 MAX_BODY_BYTES = 2 << 20  # a context's worth of text or token ids is far less
 
 
-def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int = 8, max_queue: int = 64,
-               max_tokens_limit: int = 2048, drain_seconds: float = 30.0, max_body_bytes: int = MAX_BODY_BYTES,
-               api_key: str | None = None, allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS) -> FastAPI:
+def create_app(
+    decoder: Decoder,
+    model_name: str | None = None,
+    max_batch: int = 8,
+    max_queue: int = 64,
+    max_tokens_limit: int = 2048,
+    drain_seconds: float = 30.0,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    api_key: str | None = None,
+    allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS,
+) -> FastAPI:
     """A FastAPI app serving `decoder`'s target under `model_name` (default: its name).
 
     max_batch: sequences decoded together; max_queue: requests waiting beyond those (then 429);
@@ -42,8 +50,13 @@ def create_app(decoder: Decoder, model_name: str | None = None, max_batch: int =
     app = FastAPI(title="quickdraft", lifespan=_lifespan)
     # The lifespan, the error handlers and the background server find these here.
     app.state.scheduler, app.state.metrics, app.state.drain_seconds = scheduler, metrics, drain_seconds
-    app.add_middleware(Gate, max_body_bytes=max_body_bytes, api_key=api_key, allowed_hosts=allowed_hosts,
-                       on_refused=lambda status: metrics.requests.labels("gate", str(status)).inc())
+    app.add_middleware(
+        Gate,
+        max_body_bytes=max_body_bytes,
+        api_key=api_key,
+        allowed_hosts=allowed_hosts,
+        on_refused=lambda status: metrics.requests.labels("gate", str(status)).inc(),
+    )
     add_error_handlers(app)
     add_service_routes(app, name, scheduler, metrics)
     add_openai_routes(app, admission, answers)

@@ -35,8 +35,9 @@ class DrainingServer(uvicorn.Server):
     for every handler before the app's own drain could start)."""
 
     def __init__(self, app: FastAPI, host: str, port: int, log_level: str = "warning") -> None:
-        super().__init__(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                        timeout_graceful_shutdown=GRACE_SECONDS))
+        super().__init__(
+            uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=GRACE_SECONDS)
+        )
         self.app = app
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:

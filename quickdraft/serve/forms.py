@@ -50,9 +50,19 @@ class JsonAnswer(Form):
 
     def done(self, output: GenerationOutput, served_by: Decoder) -> list[JSONResponse]:
         extra = {"usage": usage(self.prompt_tokens, len(output.token_ids)), "quickdraft": stats(output, served_by)}
-        return [JSONResponse(completion_body(self.request_id, self.model, output.text,
-                                             FINISH_REASONS.get(output.finish_reason), self.chat, extra,
-                                             token_logprobs(self.decoder, output.logprobs, self.chat)))]
+        return [
+            JSONResponse(
+                completion_body(
+                    self.request_id,
+                    self.model,
+                    output.text,
+                    FINISH_REASONS.get(output.finish_reason),
+                    self.chat,
+                    extra,
+                    token_logprobs(self.decoder, output.logprobs, self.chat),
+                )
+            )
+        ]
 
     def error(self, error: ApiError) -> NoReturn:
         raise error
@@ -87,11 +97,16 @@ class OpenAIStream(Form):
     def done(self, output: GenerationOutput, served_by: Decoder) -> list[str]:
         rest = output.text[len(self.sent) :] if output.text.startswith(self.sent) else ""
         chunks = [self._chunk(rest)] if rest else []
-        chunks.append(self._chunk(None, FINISH_REASONS.get(output.finish_reason),
-                                  extra={"quickdraft": stats(output, served_by)}))
+        chunks.append(
+            self._chunk(None, FINISH_REASONS.get(output.finish_reason), extra={"quickdraft": stats(output, served_by)})
+        )
         if self.include_usage:
-            chunks.append(sse(chunk_body(self.request_id, self.model, None, None, self.chat) | {
-                "choices": [], "usage": usage(len(output.prompt_token_ids), len(output.token_ids))}))
+            chunks.append(
+                sse(
+                    chunk_body(self.request_id, self.model, None, None, self.chat)
+                    | {"choices": [], "usage": usage(len(output.prompt_token_ids), len(output.token_ids))}
+                )
+            )
         return chunks
 
     def error(self, error: ApiError) -> list[str]:
@@ -112,17 +127,38 @@ class StepsStream(Form):
     def step(self, payload: tuple[str, list[TokenLogprob] | None, StepRecord]) -> list[str]:
         final, _, record = payload
         text = self.decoder.decode
-        return [sse({"k": record.k, "draft_tokens": record.draft_tokens,
-                     "draft_texts": [text([t]) for t in record.draft_tokens], "accepted": record.accepted,
-                     "accepted_texts": [text([t]) for t in record.emitted[: record.accepted]],
-                     "next_token": record.next_token, "next_text": text([record.next_token]),
-                     "bonus": record.bonus, "emitted": record.emitted, "tree": record.tree_depth is not None,
-                     "text": final, "draft_ms": 1000 * record.draft_time,
-                     "verify_ms": 1000 * record.verify_time}, "step")]
+        return [
+            sse(
+                {
+                    "k": record.k,
+                    "draft_tokens": record.draft_tokens,
+                    "draft_texts": [text([t]) for t in record.draft_tokens],
+                    "accepted": record.accepted,
+                    "accepted_texts": [text([t]) for t in record.emitted[: record.accepted]],
+                    "next_token": record.next_token,
+                    "next_text": text([record.next_token]),
+                    "bonus": record.bonus,
+                    "emitted": record.emitted,
+                    "tree": record.tree_depth is not None,
+                    "text": final,
+                    "draft_ms": 1000 * record.draft_time,
+                    "verify_ms": 1000 * record.verify_time,
+                },
+                "step",
+            )
+        ]
 
     def done(self, output: GenerationOutput, served_by: Decoder) -> list[str]:
-        return [sse({"text": output.text, "finish_reason": FINISH_REASONS.get(output.finish_reason),
-                     "quickdraft": stats(output, served_by)}, "done")]
+        return [
+            sse(
+                {
+                    "text": output.text,
+                    "finish_reason": FINISH_REASONS.get(output.finish_reason),
+                    "quickdraft": stats(output, served_by),
+                },
+                "done",
+            )
+        ]
 
     def error(self, error: ApiError) -> list[str]:
         return [sse(error.body(), "error")]
@@ -133,17 +169,25 @@ def token_logprobs(decoder: Decoder, entries: list[TokenLogprob] | None, chat: b
     if entries is None:
         return None
     text = decoder.decode
-    return logprobs_body([(text([e.token]), e.logprob, [(text([t]), lp) for t, lp in e.top]) for e in entries],
-                         chat, offset)
+    return logprobs_body(
+        [(text([e.token]), e.logprob, [(text([t]), lp) for t, lp in e.top]) for e in entries], chat, offset
+    )
 
 
 def stats(output: GenerationOutput, served_by: Decoder) -> dict:
     """The request's speculative stats: the `quickdraft` extension field of a response."""
     s = output.stats
-    return {"method": served_by.method, "k": served_by.k, "target_passes": s.target_passes,
-            "drafted_tokens": s.drafted_tokens, "accepted_tokens": s.accepted_tokens,
-            "acceptance_rate": s.acceptance_rate, "mean_accepted_length": s.mean_accepted_tokens,
-            "tokens_per_second": s.tokens_per_second, "finish_reason": s.finish_reason}
+    return {
+        "method": served_by.method,
+        "k": served_by.k,
+        "target_passes": s.target_passes,
+        "drafted_tokens": s.drafted_tokens,
+        "accepted_tokens": s.accepted_tokens,
+        "acceptance_rate": s.acceptance_rate,
+        "mean_accepted_length": s.mean_accepted_tokens,
+        "tokens_per_second": s.tokens_per_second,
+        "finish_reason": s.finish_reason,
+    }
 
 
 def sse(body: dict, event: str | None = None) -> str:

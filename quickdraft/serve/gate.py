@@ -47,9 +47,14 @@ class Gate:
     None allows any), a missing or wrong bearer key when `api_key` is set (401, except OPEN_PATHS),
     and a body over `max_body_bytes` (413). on_refused(status) counts each refusal."""
 
-    def __init__(self, app: Callable, max_body_bytes: int, api_key: str | None = None,
-                 allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS,
-                 on_refused: Callable[[int], None] = lambda status: None) -> None:
+    def __init__(
+        self,
+        app: Callable,
+        max_body_bytes: int,
+        api_key: str | None = None,
+        allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS,
+        on_refused: Callable[[int], None] = lambda status: None,
+    ) -> None:
         self.app, self.max_body_bytes, self.api_key = app, max_body_bytes, api_key
         self.allowed_hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
         self.on_refused = on_refused
@@ -72,18 +77,34 @@ class Gate:
 
     def _refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, dict, dict] | None:
         if self.allowed_hosts is not None and host_name(headers.get("host", "")) not in self.allowed_hosts:
-            return 400, error_body(f"the Host header {headers.get('host', '')!r} is not one this server answers to",
-                                   code="invalid_host"), {}
+            return (
+                400,
+                error_body(
+                    f"the Host header {headers.get('host', '')!r} is not one this server answers to",
+                    code="invalid_host",
+                ),
+                {},
+            )
         if self.api_key is not None and scope["path"] not in OPEN_PATHS:
             scheme, _, given = headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), self.api_key.encode()):
-                return 401, error_body("missing or incorrect API key: send 'Authorization: Bearer <key>'",
-                                       code="invalid_api_key"), {"www-authenticate": "Bearer"}
+                return (
+                    401,
+                    error_body(
+                        "missing or incorrect API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"
+                    ),
+                    {"www-authenticate": "Bearer"},
+                )
         return None
 
     def _too_large(self) -> tuple[int, dict, dict]:
-        return 413, error_body(f"the request body is over this server's limit of {self.max_body_bytes} bytes",
-                               code="request_too_large"), {}
+        return (
+            413,
+            error_body(
+                f"the request body is over this server's limit of {self.max_body_bytes} bytes", code="request_too_large"
+            ),
+            {},
+        )
 
     async def _read_body(self, receive: Receive) -> tuple[bytes, tuple | None]:
         """The whole body, or a refusal as soon as it passes the limit."""
@@ -117,7 +138,10 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 async def _respond(send: Send, status: int, body: dict, headers: dict[str, str]) -> None:
     payload = json.dumps(body).encode()
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-           *((key.encode(), value.encode()) for key, value in headers.items())]
+    raw = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+        *((key.encode(), value.encode()) for key, value in headers.items()),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": payload})

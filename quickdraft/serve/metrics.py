@@ -18,37 +18,72 @@ MAX_POSITIONS = 32  # acceptance is tracked for draft positions 1..32
 class ServerMetrics:
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry()
-        self.requests = Counter("quickdraft_requests", "Requests answered, by endpoint and status code",
-                                ["endpoint", "status"], registry=registry)
+        self.requests = Counter(
+            "quickdraft_requests",
+            "Requests answered, by endpoint and status code",
+            ["endpoint", "status"],
+            registry=registry,
+        )
         self.prompt_tokens = Counter("quickdraft_prompt_tokens", "Prompt tokens prefilled", registry=registry)
         self.generated_tokens = Counter("quickdraft_generated_tokens", "New tokens generated", registry=registry)
-        self.target_passes = Counter("quickdraft_target_passes", "Target passes (steps) over all sequences",
-                                     registry=registry)
+        self.target_passes = Counter(
+            "quickdraft_target_passes", "Target passes (steps) over all sequences", registry=registry
+        )
         self.drafted = Counter("quickdraft_drafted_tokens", "Draft tokens proposed", registry=registry)
         self.accepted = Counter("quickdraft_accepted_tokens", "Draft tokens accepted", registry=registry)
-        self.acceptance_rate = Gauge("quickdraft_acceptance_rate", "Accepted / drafted tokens since start",
-                                     registry=registry)
-        self.mean_accepted_length = Gauge("quickdraft_mean_accepted_length",
-                                          "New tokens per target pass since start", registry=registry)
-        self.drafted_at = Counter("quickdraft_drafted_at_position", "Draft tokens proposed at each draft position",
-                                  ["position"], registry=registry)
-        self.accepted_at = Counter("quickdraft_accepted_at_position", "Draft tokens accepted at each draft position",
-                                   ["position"], registry=registry)
+        self.acceptance_rate = Gauge(
+            "quickdraft_acceptance_rate", "Accepted / drafted tokens since start", registry=registry
+        )
+        self.mean_accepted_length = Gauge(
+            "quickdraft_mean_accepted_length", "New tokens per target pass since start", registry=registry
+        )
+        self.drafted_at = Counter(
+            "quickdraft_drafted_at_position",
+            "Draft tokens proposed at each draft position",
+            ["position"],
+            registry=registry,
+        )
+        self.accepted_at = Counter(
+            "quickdraft_accepted_at_position",
+            "Draft tokens accepted at each draft position",
+            ["position"],
+            registry=registry,
+        )
         self.queue_length = Gauge("quickdraft_queue_length", "Requests waiting for a batch slot", registry=registry)
         self.active = Gauge("quickdraft_active_sequences", "Sequences being decoded", registry=registry)
-        self.cancelled = Counter("quickdraft_cancelled", "Sequences dropped because their client left",
-                                 registry=registry)
-        self.failed = Counter("quickdraft_failed", "Sequences ended alone by a fault in their own work",
-                              registry=registry)
-        self.batch_size = Histogram("quickdraft_batch_size", "Sequences per batched target pass",
-                                    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32), registry=registry)
-        self.latency = Histogram("quickdraft_request_latency_seconds", "Time from arrival to the last token",
-                                 ["endpoint"], buckets=LATENCY_BUCKETS, registry=registry)
-        self.first_token = Histogram("quickdraft_time_to_first_token_seconds", "Time from arrival to the first token",
-                                     ["endpoint"], buckets=LATENCY_BUCKETS, registry=registry)
-        self.memory = Gauge("quickdraft_memory_bytes", "Memory by part (quickdraft.memory): weights counted from "
-                            "the loaded tensors; KV caches and buffers at --max-batch sequences of the context",
-                            ["part"], registry=registry)
+        self.cancelled = Counter(
+            "quickdraft_cancelled", "Sequences dropped because their client left", registry=registry
+        )
+        self.failed = Counter(
+            "quickdraft_failed", "Sequences ended alone by a fault in their own work", registry=registry
+        )
+        self.batch_size = Histogram(
+            "quickdraft_batch_size",
+            "Sequences per batched target pass",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32),
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "quickdraft_request_latency_seconds",
+            "Time from arrival to the last token",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.first_token = Histogram(
+            "quickdraft_time_to_first_token_seconds",
+            "Time from arrival to the first token",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.memory = Gauge(
+            "quickdraft_memory_bytes",
+            "Memory by part (quickdraft.memory): weights counted from "
+            "the loaded tensors; KV caches and buffers at --max-batch sequences of the context",
+            ["part"],
+            registry=registry,
+        )
         self._totals = [0, 0, 0, 0]  # generated, passes, drafted, accepted: for the two ratios
 
     def record_memory(self, report) -> None:

@@ -96,8 +96,9 @@ class SamplingRequest(BaseModel):
     def unsupported(self) -> str | None:
         """The first field that asks for a feature this server lacks, or None."""
         extra = self.model_extra or {}
-        return next((name for name, harmless in UNSUPPORTED.items() if name in extra and not harmless(extra[name])),
-                    None)
+        return next(
+            (name for name, harmless in UNSUPPORTED.items() if name in extra and not harmless(extra[name])), None
+        )
 
     def top_logprobs(self) -> int | None:
         """How many alternatives to report per token; None: no logprobs."""
@@ -147,8 +148,9 @@ class ChatCompletionRequest(SamplingRequest):
         return (self.top_logprobs_ or 0) if self.logprobs else None
 
 
-def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
+def error_body(
+    message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -157,45 +159,85 @@ def new_id(prefix: str) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def logprobs_body(entries: list[tuple[str, float, list[tuple[str, float]]]], chat: bool, offset: int = 0) -> dict:
     """OpenAI's logprobs object for tokens given as (text, logprob, [(alternative, logprob), ...]);
     offset: where the first token's text starts in the choice's text (the completions API's form)."""
     if chat:
+
         def entry(text: str, logprob: float) -> dict:
             return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
-        return {"content": [entry(t, lp) | {"top_logprobs": [entry(a, alp) for a, alp in top]}
-                            for t, lp, top in entries], "refusal": None}
+
+        return {
+            "content": [entry(t, lp) | {"top_logprobs": [entry(a, alp) for a, alp in top]} for t, lp, top in entries],
+            "refusal": None,
+        }
     offsets = []
     for text, _, _ in entries:
         offsets.append(offset)
         offset += len(text)
-    return {"tokens": [t for t, _, _ in entries], "token_logprobs": [lp for _, lp, _ in entries],
-            "top_logprobs": [dict(top) for _, _, top in entries], "text_offset": offsets}
+    return {
+        "tokens": [t for t, _, _ in entries],
+        "token_logprobs": [lp for _, lp, _ in entries],
+        "top_logprobs": [dict(top) for _, _, top in entries],
+        "text_offset": offsets,
+    }
 
 
-def completion_body(request_id: str, model: str, text: str, finish: str | None, chat: bool,
-                    extra: dict | None = None, logprobs: dict | None = None) -> dict:
+def completion_body(
+    request_id: str,
+    model: str,
+    text: str,
+    finish: str | None,
+    chat: bool,
+    extra: dict | None = None,
+    logprobs: dict | None = None,
+) -> dict:
     """A whole response (chunk=False) with one choice."""
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
-                  "logprobs": logprobs}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": finish,
+            "logprobs": logprobs,
+        }
     else:
         choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
-    return {"id": request_id, "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": model, "choices": [choice]} | (extra or {})
+    return {
+        "id": request_id,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+    } | (extra or {})
 
 
-def chunk_body(request_id: str, model: str, text: str | None, finish: str | None, chat: bool,
-               role: bool = False, extra: dict | None = None, logprobs: dict | None = None) -> dict:
+def chunk_body(
+    request_id: str,
+    model: str,
+    text: str | None,
+    finish: str | None,
+    chat: bool,
+    role: bool = False,
+    extra: dict | None = None,
+    logprobs: dict | None = None,
+) -> dict:
     """One streamed chunk; text None means an empty delta (the final or usage chunk)."""
     if chat:
         delta = ({"role": "assistant"} if role else {}) | ({"content": text} if text is not None else {})
         choices = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]
     else:
         choices = [{"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}]
-    return {"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": int(time.time()), "model": model, "choices": choices} | (extra or {})
+    return {
+        "id": request_id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+    } | (extra or {})

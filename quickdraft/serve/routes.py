@@ -35,8 +35,10 @@ def add_service_routes(app: FastAPI, model: str, scheduler: Scheduler, metrics: 
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": model, "object": "model", "created": created,
-                                            "owned_by": "quickdraft"}]}
+        return {
+            "object": "list",
+            "data": [{"id": model, "object": "model", "created": created, "owned_by": "quickdraft"}],
+        }
 
 
 def add_openai_routes(app: FastAPI, admission: Admission, answers: Answers) -> None:
@@ -58,9 +60,17 @@ def add_quickdraft_routes(app: FastAPI, admission: Admission, answers: Answers) 
     @app.get("/v1/quickdraft/info")
     async def info() -> dict:
         """What the playground offers: the model, the methods, and the settings fixed at start."""
-        return {"model": admission.model, "method": decoder.method, "k": decoder.k, "methods": list(METHODS),
-                "backend": decoder.backend_kind, "precision": decoder.precision, "device": str(decoder.device),
-                "max_tokens_limit": admission.max_tokens_limit, "draft_model": decoder.draft is not None}
+        return {
+            "model": admission.model,
+            "method": decoder.method,
+            "k": decoder.k,
+            "methods": list(METHODS),
+            "backend": decoder.backend_kind,
+            "precision": decoder.precision,
+            "device": str(decoder.device),
+            "max_tokens_limit": admission.max_tokens_limit,
+            "draft_model": decoder.draft is not None,
+        }
 
     @app.post("/v1/quickdraft/steps")
     async def steps(body: ChatCompletionRequest, request: Request) -> Response:

@@ -64,8 +64,9 @@ DECODERS_KEPT = 32  # request decoders kept for reuse (they hold no caches: a fe
 class Scheduler:
     """Runs jobs in a background thread, at most `max_batch` at a time, `max_queue` waiting."""
 
-    def __init__(self, decoder: Decoder, max_batch: int = 8, max_queue: int = 64,
-                 metrics: ServerMetrics | None = None) -> None:
+    def __init__(
+        self, decoder: Decoder, max_batch: int = 8, max_queue: int = 64, metrics: ServerMetrics | None = None
+    ) -> None:
         if max_batch < 1 or max_queue < 1:
             raise QuickdraftError("max_batch and max_queue must be >= 1")
         self.decoder, self.max_batch, self.max_queue = decoder, max_batch, max_queue

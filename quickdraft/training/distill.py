@@ -23,8 +23,14 @@ from quickdraft.engine import prefill, step
 from quickdraft.training.features import Sequence
 
 
-def regenerate(decoder: Decoder, sequences: list[Sequence], max_new_tokens: int, batch_size: int = 32,
-               progress: bool = True, on_batch: Callable[[list[Sequence]], None] | None = None) -> list[Sequence]:
+def regenerate(
+    decoder: Decoder,
+    sequences: list[Sequence],
+    max_new_tokens: int,
+    batch_size: int = 32,
+    progress: bool = True,
+    on_batch: Callable[[list[Sequence]], None] | None = None,
+) -> list[Sequence]:
     """Each sequence's prompt followed by the target's greedy response (ending at EOS, which it
     keeps, or the cap), decoded by `decoder` (plain decoding on its backend), `batch_size` prompts
     stepping together. on_batch: called with each batch's results as soon as they are made (to save them)."""

@@ -25,8 +25,9 @@ SHARD_EXAMPLES = 64  # examples per shard file on average: a crash loses at most
 def encode_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_tokens: int) -> Sequence:
     """Token ids of the whole conversation and where the response starts (the heads learn the response)."""
     if example.prompt and tokenizer.chat_template:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": example.prompt}],
-                                             add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": example.prompt}], add_generation_prompt=True, tokenize=False
+        )
         prompt = tokenizer.encode(text, add_special_tokens=False)  # as Decoder.encode_chat does
     else:
         prompt = tokenizer.encode(example.prompt) if example.prompt else []
@@ -66,9 +67,15 @@ def feature_batches(lengths: list[int], budget: int) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def extract_features(backend: Backend, sequences: list[Sequence], folder: Path,
-                     progress: bool = True, layers: tuple[int, ...] = (), shard_examples: int = SHARD_EXAMPLES,
-                     batch_tokens: int = 1) -> Path:
+def extract_features(
+    backend: Backend,
+    sequences: list[Sequence],
+    folder: Path,
+    progress: bool = True,
+    layers: tuple[int, ...] = (),
+    shard_examples: int = SHARD_EXAMPLES,
+    batch_tokens: int = 1,
+) -> Path:
     """Write shards features-<digest>.safetensors (tokens int32 [N], hidden bf16 [N, H] or, with
     `layers`, the inputs of those target layers side by side [N, len(layers) H] (EAGLE-3's
     features), choice int32 [N]: the target's argmax after each position (with `layers`, -1 in
@@ -101,17 +108,25 @@ def extract_features(backend: Backend, sequences: list[Sequence], folder: Path,
             bar.update(len(batch))
         staging = folder / (name + ".partial")
         lengths = torch.tensor([0] + [len(ids) for ids, _ in kept])
-        save_file({"tokens": torch.cat([torch.tensor(ids, dtype=torch.int32) for ids, _ in kept]),
-                   "hidden": torch.cat([hidden for hidden, _ in made]), "choice": torch.cat([c for _, c in made]),
-                   "offsets": lengths.cumsum(0), "starts": torch.tensor([start for _, start in kept])}, str(staging))
+        save_file(
+            {
+                "tokens": torch.cat([torch.tensor(ids, dtype=torch.int32) for ids, _ in kept]),
+                "hidden": torch.cat([hidden for hidden, _ in made]),
+                "choice": torch.cat([c for _, c in made]),
+                "offsets": lengths.cumsum(0),
+                "starts": torch.tensor([start for _, start in kept]),
+            },
+            str(staging),
+        )
         staging.rename(folder / name)  # atomic: a half-written shard is never read
     bar.close()
     (folder / "index.json").write_text(json.dumps({"shards": names}))
     return folder
 
 
-def target_features(backend: Backend, batch: list[Sequence],
-                    layers: tuple[int, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def target_features(
+    backend: Backend, batch: list[Sequence], layers: tuple[int, ...]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One pass of the target's backend over `batch` (each sequence its own rows and cache) -> each
     sequence's (features bf16 [T, F], choices int32 [T]) as extract_features stores them."""
     passes = [SeqPass(backend.new_cache(), ids, logits="all", hidden=True, taps=layers) for ids, _ in batch]

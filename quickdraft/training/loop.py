@@ -58,9 +58,15 @@ def learning_rate(step: int, settings: TrainSettings) -> float:
     return settings.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(done, 1.0))))
 
 
-def optimise(model: nn.Module, step_loss: Callable[[torch.Generator], torch.Tensor],
-             evaluate: Callable[[], torch.Tensor], folder: Path, settings: TrainSettings, desc: str,
-             progress: bool) -> tuple[float, torch.Tensor, int, TrainSettings]:
+def optimise(
+    model: nn.Module,
+    step_loss: Callable[[torch.Generator], torch.Tensor],
+    evaluate: Callable[[], torch.Tensor],
+    folder: Path,
+    settings: TrainSettings,
+    desc: str,
+    progress: bool,
+) -> tuple[float, torch.Tensor, int, TrainSettings]:
     """AdamW on step_loss until settings.steps, resuming from folder's checkpoint; returns the last
     loss, the held-out top-1 accuracy, the step count and the settings with the precision used."""
     generator = torch.Generator().manual_seed(settings.seed)  # draws batches on the CPU, wherever the head is
@@ -98,15 +104,23 @@ def optimise(model: nn.Module, step_loss: Callable[[torch.Generator], torch.Tens
         bar.set_postfix(loss=f"{loss:.3f}", top1="/".join(f"{a:.2f}" for a in accuracy.reshape(-1).tolist()))
         if step % settings.checkpoint_every == 0 or step == settings.steps:
             staging = checkpoint.with_suffix(".partial")
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "generator": generator.get_state(), "step": step}, staging)
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "generator": generator.get_state(),
+                    "step": step,
+                },
+                staging,
+            )
             staging.rename(checkpoint)
     bar.close()
     return loss, accuracy, step, replace(settings, precision=precision)
 
 
-def training_vocabulary(shards: list[dict[str, torch.Tensor]], settings: TrainSettings, full: int,
-                        folder: Path) -> torch.Tensor:
+def training_vocabulary(
+    shards: list[dict[str, torch.Tensor]], settings: TrainSettings, full: int, folder: Path
+) -> torch.Tensor:
     """[V'] the draft vocabulary: a resumed run's own (its head's LM head rows follow it, whatever
     data the run now reads), else the data's most frequent response tokens."""
     checkpoint = folder / CHECKPOINT_FILE
@@ -128,13 +142,33 @@ def held_out(shards: list[dict[str, torch.Tensor]], settings: TrainSettings) -> 
     return (draws < settings.held_out) | (draws == draws.min())
 
 
-def save_head(model: nn.Module, folder: Path, kind: str, target_name: str, extra: dict, lm_head: torch.Tensor,
-              vocab: torch.Tensor, shards: list[dict[str, torch.Tensor]], step: int, accuracy: torch.Tensor,
-              loss: float, settings: TrainSettings) -> dict:
+def save_head(
+    model: nn.Module,
+    folder: Path,
+    kind: str,
+    target_name: str,
+    extra: dict,
+    lm_head: torch.Tensor,
+    vocab: torch.Tensor,
+    shards: list[dict[str, torch.Tensor]],
+    step: int,
+    accuracy: torch.Tensor,
+    loss: float,
+    settings: TrainSettings,
+) -> dict:
     """The trained head in `folder` (heads/format.py), its config telling how it was made; returns the config."""
-    result = {"kind": kind, "target": target_name, **extra, "hidden": lm_head.shape[1], "vocab": lm_head.shape[0],
-              "draft_vocab": len(vocab), "draft_vocab_coverage": round(coverage(shards, vocab, lm_head.shape[0]), 4),
-              "steps": step, "held_out_top1": accuracy.reshape(-1).tolist(), "final_loss": loss,
-              "settings": asdict(settings)}
+    result = {
+        "kind": kind,
+        "target": target_name,
+        **extra,
+        "hidden": lm_head.shape[1],
+        "vocab": lm_head.shape[0],
+        "draft_vocab": len(vocab),
+        "draft_vocab_coverage": round(coverage(shards, vocab, lm_head.shape[0]), 4),
+        "steps": step,
+        "held_out_top1": accuracy.reshape(-1).tolist(),
+        "final_loss": loss,
+        "settings": asdict(settings),
+    }
     write_head(folder, model, result)
     return result

@@ -36,16 +36,30 @@ def feature_decoder(loaded: LoadedModel, device: str = "cpu", precision: str | N
         precision = stored if stored in TRAITS[NATIVE].precisions else "bf16"
         if not supports(loaded.config, precision):  # an architecture native runs at fp32 only (Gemma 3), or not at all
             precision = "fp32" if supports(loaded.config, "fp32") else stored
-    choice = choose_backend(loaded.config, loaded.gguf, loaded.name, precision=precision, device=device,
-                            inner_layers=True, stored=loaded.stored_precision)
+    choice = choose_backend(
+        loaded.config,
+        loaded.gguf,
+        loaded.name,
+        precision=precision,
+        device=device,
+        inner_layers=True,
+        stored=loaded.stored_precision,
+    )
     return Decoder(loaded, None, "none", backend=choice.kind, precision=choice.precision, device=device)
 
 
-def training_sequences(loaded: LoadedModel, data: list[Path], max_examples: int | list[int] | None,
-                       max_tokens: int, distill_tokens: int | None, cache: Path,
-                       distill_examples: int | list[int] | None = None,
-                       progress: bool = True, distill_batch: int = 64,
-                       decoder: Decoder | None = None) -> list[Sequence]:
+def training_sequences(
+    loaded: LoadedModel,
+    data: list[Path],
+    max_examples: int | list[int] | None,
+    max_tokens: int,
+    distill_tokens: int | None,
+    cache: Path,
+    distill_examples: int | list[int] | None = None,
+    progress: bool = True,
+    distill_batch: int = 64,
+    decoder: Decoder | None = None,
+) -> list[Sequence]:
     """Every file's first `max_examples` examples (one count, or one per file), encoded as the
     decoder encodes chats. With
     distill_tokens, the first `distill_examples` of each file (one count, or one per file; default:
@@ -68,14 +82,16 @@ def training_sequences(loaded: LoadedModel, data: list[Path], max_examples: int 
     if len(counts) != len(encoded):
         raise QuickdraftError(f"--distill-examples: give one count, or one per data file ({len(encoded)})")
     decoder = decoder or feature_decoder(loaded)
-    chosen = [distilled(decoder, file[:n], distill_tokens, cache, progress, distill_batch)
-              for file, n in zip(encoded, counts)]
+    chosen = [
+        distilled(decoder, file[:n], distill_tokens, cache, progress, distill_batch) for file, n in zip(encoded, counts)
+    ]
     rest = [sequence for file, n in zip(encoded, counts) for sequence in file[len(file[:n]) :]]
     return [sequence for file in chosen for sequence in file] + rest
 
 
-def distilled(decoder: Decoder, sequences: list[Sequence], distill_tokens: int, cache: Path,
-              progress: bool, batch: int = 64) -> list[Sequence]:
+def distilled(
+    decoder: Decoder, sequences: list[Sequence], distill_tokens: int, cache: Path, progress: bool, batch: int = 64
+) -> list[Sequence]:
     """The sequences' prompts with the target's greedy responses (plain decoding by `decoder`).
     Answers are kept per prompt in `cache` as each batch finishes: only prompts not answered
     before are run."""
@@ -84,18 +100,37 @@ def distilled(decoder: Decoder, sequences: list[Sequence], distill_tokens: int, 
     prompts = [ids[:start] for ids, start in sequences if start > 0]
     missing = list({tuple(p): (p, len(p)) for p in prompts if tuple(p) not in answers}.values())
     if missing:
-        made = regenerate(decoder, missing, distill_tokens, batch_size=batch, progress=progress,
-                          on_batch=lambda done: append_answers(saved, done))
+        made = regenerate(
+            decoder,
+            missing,
+            distill_tokens,
+            batch_size=batch,
+            progress=progress,
+            on_batch=lambda done: append_answers(saved, done),
+        )
         answers.update((tuple(ids[:start]), ids[start:]) for ids, start in made)
     return [(p + answers[tuple(p)], len(p)) for p in prompts]
 
 
-def train(kind: str, target: str | None, data: list[Path], output: Path, *, heads: int = 3,
-          max_examples: int | list[int] | None = None, max_tokens: int = 512, distill_tokens: int | None = None,
-          distill_examples: int | list[int] | None = None, cache: Path | None = None,
-          settings: TrainSettings = TrainSettings(), eagle: int = 3, progress: bool = True,
-          distill_batch: int | None = None, feature_batch: int | None = None,
-          target_precision: str | None = None) -> dict:
+def train(
+    kind: str,
+    target: str | None,
+    data: list[Path],
+    output: Path,
+    *,
+    heads: int = 3,
+    max_examples: int | list[int] | None = None,
+    max_tokens: int = 512,
+    distill_tokens: int | None = None,
+    distill_examples: int | list[int] | None = None,
+    cache: Path | None = None,
+    settings: TrainSettings = TrainSettings(),
+    eagle: int = 3,
+    progress: bool = True,
+    distill_batch: int | None = None,
+    feature_batch: int | None = None,
+    target_precision: str | None = None,
+) -> dict:
     """Train a `kind` head for `target` (None: the embedded default) on `data` files; returns its
     config. eagle: 3 (fused features, training-time test) or 1 (last hidden state) for EAGLE heads.
     distill_batch: prompts answered at once (default: 64 on a CPU, 256 on a GPU, where a small
@@ -126,19 +161,33 @@ def train(kind: str, target: str | None, data: list[Path], output: Path, *, head
     loaded = load_model(target)
     # Distillation and features run on the target's backend, where the head trains; no transformers model.
     decoder = feature_decoder(loaded, settings.device, target_precision)
-    sequences = training_sequences(loaded, data, max_examples, max_tokens, distill_tokens, cache,
-                                   distill_examples, progress, distill_batch, decoder)
+    sequences = training_sequences(
+        loaded,
+        data,
+        max_examples,
+        max_tokens,
+        distill_tokens,
+        cache,
+        distill_examples,
+        progress,
+        distill_batch,
+        decoder,
+    )
     lm_head = loaded.tensor(LM_HEAD).float()  # the head's own copies, read from the source
     embeddings = loaded.tensor(EMBED).float()
     backend = decoder.target_backend
     if kind == "eagle" and eagle == 3:
         config = Eagle3Config.from_target(loaded.config)
-        shards = load_features(extract_features(backend, sequences, cache / "features-eagle3", progress,
-                                                config.features, batch_tokens=feature_batch))
+        shards = load_features(
+            extract_features(
+                backend, sequences, cache / "features-eagle3", progress, config.features, batch_tokens=feature_batch
+            )
+        )
         norm = loaded.tensor(NORM).float()
         return train_eagle3(shards, lm_head, norm, embeddings, config, output, settings, loaded.name, progress)
-    shards = load_features(extract_features(backend, sequences, cache / "features", progress,
-                                            batch_tokens=feature_batch))
+    shards = load_features(
+        extract_features(backend, sequences, cache / "features", progress, batch_tokens=feature_batch)
+    )
     if kind == "medusa":
         return train_medusa(shards, lm_head, heads, output, settings, loaded.name, progress)
     return train_eagle(shards, lm_head, embeddings, loaded.config, output, settings, loaded.name, progress)

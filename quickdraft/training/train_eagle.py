@@ -39,8 +39,9 @@ def eagle_sequences(shards: list[dict[str, torch.Tensor]]) -> Sequences:
     return Sequences(tokens, choice, hidden, starts)
 
 
-def eagle_batch(data: Sequences, chosen: list[int], window: int, index: torch.Tensor, noise: float,
-                generator: torch.Generator) -> dict[str, torch.Tensor]:
+def eagle_batch(
+    data: Sequences, chosen: list[int], window: int, index: torch.Tensor, noise: float, generator: torch.Generator
+) -> dict[str, torch.Tensor]:
     """Padded inputs for the EAGLE head: input j is (f_j, x_{j+1}); it should predict f_{j+1} and
     the target's own choice after j + 1 (its greedy guess of x_{j+2}). A random window of at most
     `window` positions per sequence. "response" marks inputs whose x_{j+2} is a response token."""
@@ -48,8 +49,14 @@ def eagle_batch(data: Sequences, chosen: list[int], window: int, index: torch.Te
     for i in chosen:
         tokens, choice, hidden = data.tokens[i], data.choice[i], data.hidden[i]
         first = int(torch.randint(len(tokens) - window + 1, (1,), generator=generator)) if len(tokens) > window else 0
-        parts.append((tokens[first : first + window], choice[first : first + window],
-                      hidden[first : first + window].float(), data.starts[i] - first))
+        parts.append(
+            (
+                tokens[first : first + window],
+                choice[first : first + window],
+                hidden[first : first + window].float(),
+                data.starts[i] - first,
+            )
+        )
     t = max(len(p[0]) for p in parts) - 1
     b, h = len(parts), parts[0][2].shape[1]
     states, inputs = torch.zeros(b, t, h), torch.zeros(b, t, dtype=torch.long)
@@ -68,12 +75,26 @@ def eagle_batch(data: Sequences, chosen: list[int], window: int, index: torch.Te
     mask = causal[None] & weight[:, None, :]  # [B, T, T]
     mask |= torch.eye(t, dtype=torch.bool)[None]  # padded rows see themselves (their loss is masked)
     positions = torch.arange(t)[None].expand(b, t)
-    return {"hidden": states, "tokens": inputs, "positions": positions, "mask": mask, "targets": targets,
-            "labels": labels, "weight": weight, "response": response}
+    return {
+        "hidden": states,
+        "tokens": inputs,
+        "positions": positions,
+        "mask": mask,
+        "targets": targets,
+        "labels": labels,
+        "weight": weight,
+        "response": response,
+    }
 
 
-def eagle_loss(predicted: torch.Tensor, target: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
-               weight: torch.Tensor, classification: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
+def eagle_loss(
+    predicted: torch.Tensor,
+    target: torch.Tensor,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    weight: torch.Tensor,
+    classification: float = 0.1,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Smooth-L1 on the predicted state plus `classification` x cross-entropy on its next token
     (EAGLE's loss), over positions where weight is True; and the top-1 accuracy there.
 
@@ -87,9 +108,16 @@ def eagle_loss(predicted: torch.Tensor, target: torch.Tensor, logits: torch.Tens
     return regression + classification * ce, accuracy
 
 
-def train_eagle(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, embed: torch.Tensor, target_config,
-                folder: Path, settings: TrainSettings = TrainSettings(), target_name: str = "",
-                progress: bool = True) -> dict:
+def train_eagle(
+    shards: list[dict[str, torch.Tensor]],
+    lm_head: torch.Tensor,
+    embed: torch.Tensor,
+    target_config,
+    folder: Path,
+    settings: TrainSettings = TrainSettings(),
+    target_name: str = "",
+    progress: bool = True,
+) -> dict:
     """Train an EAGLE head; writes folder/heads.safetensors, config.json and a checkpoint.
     Returns the config with the held-out top-1 accuracy of its first draft token (teacher-forced)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -101,14 +129,16 @@ def train_eagle(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, em
     train_ids, eval_ids = (~held).nonzero()[:, 0], held.nonzero()[:, 0]
     config = EagleConfig.from_target(target_config)
     model = EagleHead(config, embed, lm_head, vocab)
-    eval_batch = eagle_batch(data, eval_ids[:32].tolist(), settings.window, index, 0.0,
-                             torch.Generator().manual_seed(0))
+    eval_batch = eagle_batch(
+        data, eval_ids[:32].tolist(), settings.window, index, 0.0, torch.Generator().manual_seed(0)
+    )
 
     def run(batch: dict[str, torch.Tensor], where: str) -> tuple[torch.Tensor, torch.Tensor]:
         batch = to_device(batch, settings.device)
         predicted = model(batch["hidden"], batch["tokens"], batch["positions"], batch["mask"])
-        return eagle_loss(predicted, batch["targets"], model.logits(predicted), batch["labels"], batch[where],
-                          settings.classification)
+        return eagle_loss(
+            predicted, batch["targets"], model.logits(predicted), batch["labels"], batch[where], settings.classification
+        )
 
     def step_loss(generator: torch.Generator) -> torch.Tensor:
         chosen = train_ids[torch.randint(len(train_ids), (settings.sequences,), generator=generator)].tolist()
@@ -119,5 +149,17 @@ def train_eagle(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, em
         return run(eval_batch, "response")[1].reshape(1)
 
     loss, accuracy, step, settings = optimise(model, step_loss, evaluate, folder, settings, "train eagle", progress)
-    return save_head(model, folder, "eagle", target_name, {"layer": config.to_dict()}, lm_head, vocab, shards,
-                     step, accuracy, loss, settings)
+    return save_head(
+        model,
+        folder,
+        "eagle",
+        target_name,
+        {"layer": config.to_dict()},
+        lm_head,
+        vocab,
+        shards,
+        step,
+        accuracy,
+        loss,
+        settings,
+    )

@@ -30,13 +30,13 @@ def unroll_mask(t: int, step: int) -> torch.Tensor:
     """[T, (step + 1) T] bool: step `step`'s queries over the keys of steps 0..step, side by side.
     Block 0: keys s <= t - step (verified pairs); block i >= 1: the key at t - step + i (the path)."""
     blocks = [torch.ones(t, t, dtype=torch.bool).tril(diagonal=-step)]
-    blocks += [torch.eye(t, dtype=torch.bool).roll(-(step - i), dims=1).tril(diagonal=0)
-               for i in range(1, step + 1)]
+    blocks += [torch.eye(t, dtype=torch.bool).roll(-(step - i), dims=1).tril(diagonal=0) for i in range(1, step + 1)]
     return torch.cat(blocks, dim=1)
 
 
-def unrolled_states(head: Eagle3Head, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                    steps: int) -> Iterator[torch.Tensor]:
+def unrolled_states(
+    head: Eagle3Head, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, steps: int
+) -> Iterator[torch.Tensor]:
     """hidden [B, T, F] target features, tokens [B, T] (x_{t+1}), positions [B, T] -> each step's
     outputs h^j [B, T, H] in turn (h^j at t: the guess after t + 1 with verified pairs up to t - j)."""
     b, t = tokens.shape
@@ -51,14 +51,15 @@ def unrolled_states(head: Eagle3Head, hidden: torch.Tensor, tokens: torch.Tensor
         state = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)  # position t gets h_{t-1}
 
 
-def unrolled_loss(head: Eagle3Head, batch: dict[str, torch.Tensor], steps: int, where: str = "weight",
-                  decay: float = 0.8) -> tuple[torch.Tensor, torch.Tensor]:
+def unrolled_loss(
+    head: Eagle3Head, batch: dict[str, torch.Tensor], steps: int, where: str = "weight", decay: float = 0.8
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy on the target's choices over `steps` unrolled steps (weights decay^j,
     normalised) -> (loss, top-1 accuracy per step [steps]) over positions batch[where] that step j
     can reach (t >= j)."""
     labels = batch["labels"]  # [B, T] draft-vocabulary index, -1 outside it
     t = labels.shape[1]
-    weights = [decay ** j / sum(decay ** i for i in range(steps)) for j in range(steps)]
+    weights = [decay**j / sum(decay**i for i in range(steps)) for j in range(steps)]
     losses, accuracy = [], []
     for j, h in enumerate(unrolled_states(head, batch["hidden"], batch["tokens"], batch["positions"], steps)):
         reach = batch[where] & (torch.arange(t, device=labels.device) >= j)[None]  # [B, T]
@@ -74,8 +75,12 @@ def crop_prompts(data: Sequences, context: int) -> Sequences:
     """Each sequence from `context` tokens before its response: the head learns on responses,
     and long prompts (summaries, passages) would fill the window with rows nobody drafts."""
     cut = [max(0, start - context) for start in data.starts]
-    return Sequences([x[c:] for x, c in zip(data.tokens, cut)], [x[c:] for x, c in zip(data.choice, cut)],
-                     [x[c:] for x, c in zip(data.hidden, cut)], [s - c for s, c in zip(data.starts, cut)])
+    return Sequences(
+        [x[c:] for x, c in zip(data.tokens, cut)],
+        [x[c:] for x, c in zip(data.choice, cut)],
+        [x[c:] for x, c in zip(data.hidden, cut)],
+        [s - c for s, c in zip(data.starts, cut)],
+    )
 
 
 def start_from_target(head: Eagle3Head) -> None:
@@ -87,9 +92,17 @@ def start_from_target(head: Eagle3Head) -> None:
         head.fc.weight[:, -h:] = torch.eye(h)
 
 
-def train_eagle3(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, norm: torch.Tensor,
-                 embed: torch.Tensor, config: Eagle3Config, folder: Path, settings: TrainSettings = TrainSettings(),
-                 target_name: str = "", progress: bool = True) -> dict:
+def train_eagle3(
+    shards: list[dict[str, torch.Tensor]],
+    lm_head: torch.Tensor,
+    norm: torch.Tensor,
+    embed: torch.Tensor,
+    config: Eagle3Config,
+    folder: Path,
+    settings: TrainSettings = TrainSettings(),
+    target_name: str = "",
+    progress: bool = True,
+) -> dict:
     """Train an EAGLE-3 head on shards of fused features (extract_features with config.features);
     writes folder/heads.safetensors, config.json and a checkpoint (resumable). Returns the config
     with the held-out top-1 accuracy per unrolled step (its depth-1, 2, ... guesses)."""
@@ -102,8 +115,9 @@ def train_eagle3(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, n
     train_ids, eval_ids = (~held).nonzero()[:, 0], held.nonzero()[:, 0]
     head = Eagle3Head(config, embed, vocab, lm_head, norm)
     start_from_target(head)
-    eval_batch = eagle_batch(data, eval_ids[:32].tolist(), settings.window, index, 0.0,
-                             torch.Generator().manual_seed(0))
+    eval_batch = eagle_batch(
+        data, eval_ids[:32].tolist(), settings.window, index, 0.0, torch.Generator().manual_seed(0)
+    )
 
     def step_loss(generator: torch.Generator) -> torch.Tensor:
         chosen = train_ids[torch.randint(len(train_ids), (settings.sequences,), generator=generator)].tolist()
@@ -115,5 +129,17 @@ def train_eagle3(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, n
         return unrolled_loss(head, to_device(eval_batch, settings.device), settings.unroll, "response")[1]
 
     loss, accuracy, step, settings = optimise(head, step_loss, evaluate, folder, settings, "train eagle-3", progress)
-    return save_head(head, folder, "eagle", target_name, {"layer": config.to_dict()}, lm_head, vocab, shards,
-                     step, accuracy, loss, settings)
+    return save_head(
+        head,
+        folder,
+        "eagle",
+        target_name,
+        {"layer": config.to_dict()},
+        lm_head,
+        vocab,
+        shards,
+        step,
+        accuracy,
+        loss,
+        settings,
+    )

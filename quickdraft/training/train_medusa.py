@@ -58,8 +58,15 @@ def medusa_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tens
     return loss, accuracy
 
 
-def train_medusa(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, heads: int, folder: Path,
-                 settings: TrainSettings = TrainSettings(), target_name: str = "", progress: bool = True) -> dict:
+def train_medusa(
+    shards: list[dict[str, torch.Tensor]],
+    lm_head: torch.Tensor,
+    heads: int,
+    folder: Path,
+    settings: TrainSettings = TrainSettings(),
+    target_name: str = "",
+    progress: bool = True,
+) -> dict:
     """Train `heads` Medusa heads; writes folder/heads.safetensors, config.json and a checkpoint.
     Returns the config: held-out top-1 accuracy per head, the loss, the draft vocabulary's coverage."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -75,8 +82,9 @@ def train_medusa(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, h
     model = MedusaHeads(lm_head, heads, vocab)
 
     def run(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = to_device({"hidden": data.hidden[data.rows[chosen]].float(), "targets": data.targets[:, chosen]},
-                          settings.device)
+        batch = to_device(
+            {"hidden": data.hidden[data.rows[chosen]].float(), "targets": data.targets[:, chosen]}, settings.device
+        )
         return medusa_loss(model(batch["hidden"]), batch["targets"])
 
     def step_loss(generator: torch.Generator) -> torch.Tensor:
@@ -88,5 +96,6 @@ def train_medusa(shards: list[dict[str, torch.Tensor]], lm_head: torch.Tensor, h
 
     loss, accuracy, step, settings = optimise(model, step_loss, evaluate, folder, settings, "train medusa", progress)
     extra = {"heads": heads}
-    return save_head(model, folder, "medusa", target_name, extra, lm_head, vocab, shards, step, accuracy, loss,
-                     settings)
+    return save_head(
+        model, folder, "medusa", target_name, extra, lm_head, vocab, shards, step, accuracy, loss, settings
+    )

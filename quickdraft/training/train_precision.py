@@ -31,8 +31,14 @@ def autocast(device: str, precision: str) -> Iterator[None]:
             yield
 
 
-def training_precision(model: nn.Module, step_loss: Callable[[torch.Generator], torch.Tensor], folder: Path,
-                       settings: dict, device: str, chosen: str) -> str:
+def training_precision(
+    model: nn.Module,
+    step_loss: Callable[[torch.Generator], torch.Tensor],
+    folder: Path,
+    settings: dict,
+    device: str,
+    chosen: str,
+) -> str:
     """`chosen` ("fp32", "bf16"), or for "auto" the one whose training step (forward and backward,
     no update) is faster here, measured once per machine and `settings` (cached in `folder`)."""
     if chosen != "auto":
@@ -58,8 +64,12 @@ def training_precision(model: nn.Module, step_loss: Callable[[torch.Generator], 
         model.zero_grad(set_to_none=True)
         medians = {precision: statistics.median(times) for precision, times in costs.items()}
         faster = min(PRECISIONS, key=medians.__getitem__)
-        print("quickdraft: a training step here: " + ", ".join(f"{p} {ms:,.0f} ms" for p, ms in medians.items())
-              + f" (median of {TIMED_STEPS}): {faster}", file=sys.stderr)
+        print(
+            "quickdraft: a training step here: "
+            + ", ".join(f"{p} {ms:,.0f} ms" for p, ms in medians.items())
+            + f" (median of {TIMED_STEPS}): {faster}",
+            file=sys.stderr,
+        )
         return faster
 
     signature = {"training": "precision", "device": device, "parameters": shapes, "settings": settings}
