@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from quickdraft.backends.llama_cpp import llama_cpp_installed
@@ -27,6 +29,9 @@ def pytest_configure(config: pytest.Config) -> None:
     folder = tempfile.mkdtemp(prefix="quickdraft-tests-")
     config.stash[SUITE_CACHE] = (folder, os.environ.get("XDG_CACHE_HOME"))
     os.environ["XDG_CACHE_HOME"] = folder
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    if workers:  # a pytest-xdist worker: the workers share the cores (a tiny model's test keeps one busy)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -119,16 +124,25 @@ def real_gguf(arch: str, folder: Path) -> Path | None:
 def random_ggufs(tmp_path_factory) -> dict[tuple[str, str], Path]:
     """(arch, type) -> a random file: Llama family with SmolLM2's tokenizer, Gemma 3 with its own
     cut to 8,192 tokens and a 32-token sliding window; "F32" and, where llama.cpp is installed,
-    each of RANDOM_TYPES made by its quantizer. Made once per session (seconds)."""
-    folder = tmp_path_factory.mktemp("random_ggufs")
-    made = {}
-    for seed, (arch, shape) in enumerate(RANDOM_SHAPES.items()):
-        like = real_gguf(arch, folder)
-        if like is None:
-            continue
-        base = made[arch, "F32"] = random_gguf(
-            like, folder / f"{arch}-F32.gguf", shape, seed=seed, vocab=8192 if arch == "gemma3" else None
-        )
-        for kind in RANDOM_TYPES if llama_cpp_installed() else []:
-            made[arch, kind] = quantize_gguf(base, folder / f"{arch}-{kind}.gguf", kind)
-    return made
+    each of RANDOM_TYPES made by its quantizer. Made once per run (seconds), in the base folder
+    that pytest-xdist's workers share: the first worker to ask makes them, the others wait."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's folder sits in the run's own, beside the others'
+        root = root.parent
+    folder = root / "random_ggufs"
+    with FileLock(str(root / "random_ggufs.lock")):
+        if not (folder / "made.json").exists():
+            folder.mkdir(exist_ok=True)
+            made = {}
+            for seed, (arch, shape) in enumerate(RANDOM_SHAPES.items()):
+                like = real_gguf(arch, folder)
+                if like is None:
+                    continue
+                vocab = 8192 if arch == "gemma3" else None
+                base = made[arch, "F32"] = random_gguf(like, folder / f"{arch}-F32.gguf", shape, seed=seed, vocab=vocab)
+                for kind in RANDOM_TYPES if llama_cpp_installed() else []:
+                    made[arch, kind] = quantize_gguf(base, folder / f"{arch}-{kind}.gguf", kind)
+            (folder / "made.json").write_text(
+                json.dumps([[arch, kind, str(path)] for (arch, kind), path in made.items()])
+            )
+    return {(arch, kind): Path(path) for arch, kind, path in json.loads((folder / "made.json").read_text())}
