@@ -411,3 +411,15 @@ def test_passes_run_on_fewer_threads_when_asked(backend):
         assert backend.threads == 1
     finally:
         backend.set_threads(threads)
+
+
+def test_bench_all_leaves_out_a_shipped_head_this_backend_cannot_run(decoder, capsys):
+    # The shipped EAGLE-3 head drafts from inner layers, which llama.cpp does not return: `bench
+    # --methods all` runs every other method and says why eagle is not there; asked by name, it fails.
+    from quickdraft.bench.contenders import method_contenders
+
+    names = [c.name for c in method_contenders(decoder, ["all"])]
+    assert "eagle" not in names and {"none", "prompt-lookup", "medusa"} <= set(names)
+    assert "left out eagle (of all)" in capsys.readouterr().err
+    with pytest.raises(QuickdraftError, match="inner layers"):
+        method_contenders(decoder, ["eagle"])

@@ -6,6 +6,7 @@ it up from there.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -84,15 +85,18 @@ def method_contenders(base: Decoder, specs: list[str]) -> list[MethodContender]:
     A method at another precision or backend than the baseline's is checked against plain
     decoding at that precision and backend (none:precision=...,backend=...), added if not asked for."""
     expanded: list[tuple[str, str, dict]] = []
+    from_all: set[str] = set()  # methods "all" chose: one the backend cannot run is left out, not fatal
     for spec in specs:
         if spec == "all":
-            expanded += [
+            chosen = [
                 (name, name, {})
                 for name, method in METHODS.items()
                 if method.speculative
                 and (base.draft is not None or not method.needs_draft_model)
                 and (not method.needs_hidden or has_head(name, base.target))
             ]
+            expanded += chosen
+            from_all |= {name for name, _, _ in chosen}
         else:
             expanded += parse_spec(spec)
     contenders = [MethodContender(BASELINE, base.with_method(BASELINE))]
@@ -116,6 +120,12 @@ def method_contenders(base: Decoder, specs: list[str]) -> list[MethodContender]:
                 "method none is the baseline and always runs; leave it out of the list "
                 "(none:precision=... adds plain decoding at another precision)"
             )
-        if name not in (c.name for c in contenders):
+        if name in (c.name for c in contenders):
+            continue
+        try:
             add(name, method, settings)
+        except QuickdraftError as error:
+            if name not in from_all:
+                raise
+            print(f"quickdraft bench: left out {name} (of all): {error}", file=sys.stderr)
     return contenders
