@@ -31,7 +31,9 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["XDG_CACHE_HOME"] = folder
     workers = getattr(config, "workerinput", {}).get("workercount")
     if workers:  # a pytest-xdist worker: the workers share the cores (a tiny model's test keeps one busy)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+        threads = max(1, (os.cpu_count() or 1) // int(workers))
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # and so do the processes its tests start
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
