@@ -72,8 +72,8 @@ def speculated(outputs: Iterable, min_rate: float = CHAIN_RATE) -> bool:
 def assert_speculated(outputs: Iterable, min_rate: float = CHAIN_RATE, label: object = "") -> None:
     """Drafts were proposed and accepted over `outputs`: drafted > 0, accepted > 0, and at least
     `min_rate` of the target passes that verified a draft accepted some of it. A drafter of wrong
-    tokens gets about one such pass in V by chance (V: the vocabulary; 3% for the tiny models'
-    32 tokens; more under sampling, where a wrong token is accepted with its probability)."""
+    tokens gets about one such pass in V by chance (V: the vocabulary; 3-11% measured over the tiny
+    models' 32 tokens; more under sampling, where a wrong token is accepted with its probability)."""
     s = speculation(outputs)
     where = f" ({label})" if label != "" else ""  # e.g. the method, where a test checks several
     check = f"[speculation check] over {s.outputs} outputs{where}:"
