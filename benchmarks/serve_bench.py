@@ -35,10 +35,14 @@ from quickdraft.bench.prompts import default_prompt_file, load_prompts
 from quickdraft.bench.report import machine
 
 
-async def run_load(url: str, model: str, prompts: list[str], concurrency: int, method: str, max_tokens: int) -> dict:
+async def run_load(
+    url: str, model: str, prompts: list[str], concurrency: int, method: str | None, max_tokens: int
+) -> dict:
+    """C workers sending `prompts` as streaming greedy chat requests; method None: the server's own
+    (a peer's server, which knows no `quickdraft` field). Also returns each prompt's text."""
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
     queue = list(prompts)
-    latencies, first_tokens, tokens = [], [], 0
+    latencies, first_tokens, tokens, texts = [], [], 0, {}
 
     async def worker() -> None:
         nonlocal tokens
@@ -52,14 +56,16 @@ async def run_load(url: str, model: str, prompts: list[str], concurrency: int, m
                 temperature=0,
                 stream=True,
                 stream_options={"include_usage": True},
-                extra_body={"quickdraft": {"method": method}},
+                extra_body={"quickdraft": {"method": method}} if method else None,
             )
-            first = None
+            first, pieces = None, []
             async for chunk in stream:
-                if first is None and chunk.choices and chunk.choices[0].delta.content:
-                    first = time.perf_counter() - start
+                if chunk.choices and chunk.choices[0].delta.content:
+                    first = first or time.perf_counter() - start
+                    pieces.append(chunk.choices[0].delta.content)
                 if chunk.usage is not None:
                     tokens += chunk.usage.completion_tokens
+            texts[prompt] = "".join(pieces)
             latencies.append(time.perf_counter() - start)
             first_tokens.append(first or latencies[-1])
 
@@ -74,8 +80,16 @@ async def run_load(url: str, model: str, prompts: list[str], concurrency: int, m
         "requests_per_second": len(prompts) / wall,
         "tokens_per_second": tokens / wall,
         "median_latency": statistics.median(latencies),
+        "p95_latency": quantile(latencies, 0.95),
         "median_first_token": statistics.median(first_tokens),
+        "texts": texts,
     }
+
+
+def quantile(values: list[float], share: float) -> float:
+    """The value below which `share` of values lie (nearest rank: no interpolation over few requests)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
 
 
 def run_library(decoder, prompts: list[str], method: str, max_tokens: int) -> dict:
@@ -89,6 +103,15 @@ def run_library(decoder, prompts: list[str], method: str, max_tokens: int) -> di
     return {"requests": len(prompts), "tokens": tokens, "seconds": wall, "tokens_per_second": tokens / wall}
 
 
+def spec_bench_requests(count: int) -> list[str]:
+    """`count` Spec-Bench questions, taken from each category in turn."""
+    by_category: dict[str, list[str]] = {}
+    for prompt in load_prompts(default_prompt_file(), per_category=count):
+        by_category.setdefault(prompt.category, []).append(prompt.text)
+    rounds = itertools.zip_longest(*by_category.values())
+    return [text for round_ in rounds for text in round_ if text is not None][:count]
+
+
 def write_report(folder: Path, report: str, raw: dict) -> None:
     """Print the report; write it and the raw figures to folder/report.md and folder/raw.json."""
     print(report)
@@ -97,8 +120,11 @@ def write_report(folder: Path, report: str, raw: dict) -> None:
     (folder / "raw.json").write_text(json.dumps(raw, indent=1))
 
 
-def start_server(precision: str, max_batch: int, max_tokens: int) -> tuple[subprocess.Popen, str]:
-    """`quickdraft serve` in its own process on a free port; returns it once /health answers."""
+def start_server(
+    precision: str | None, max_batch: int, max_tokens: int, extra: tuple[str, ...] = (), timeout: float = 300
+) -> tuple[subprocess.Popen, str]:
+    """`quickdraft serve` (with `extra` flags) in its own process on a free port; returns it once
+    /health answers."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -109,16 +135,16 @@ def start_server(precision: str, max_batch: int, max_tokens: int) -> tuple[subpr
         "serve",
         "--port",
         str(port),
-        "--precision",
-        precision,
+        *(["--precision", precision] if precision else []),
         "--max-batch",
         str(max_batch),
         "--max-tokens-limit",
         str(max_tokens),
+        *extra,
     ]
     process = subprocess.Popen(command)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"quickdraft serve exited with {process.returncode}")
@@ -143,11 +169,7 @@ def main() -> None:
 
     decoder = quickdraft.load(method="prompt-lookup", precision=args.precision)
     source = default_prompt_file()
-    by_category: dict[str, list[str]] = {}
-    for prompt in load_prompts(source, per_category=args.requests):
-        by_category.setdefault(prompt.category, []).append(prompt.text)
-    rounds = itertools.zip_longest(*by_category.values())  # every category in turn
-    prompts = [text for round_ in rounds for text in round_ if text is not None][: args.requests]
+    prompts = spec_bench_requests(args.requests)
     process, url = start_server(args.precision, max(args.concurrency), args.max_tokens)
     model = decoder.target.name
     library = {}

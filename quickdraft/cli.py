@@ -21,6 +21,7 @@ from quickdraft.settings import RUN, SAMPLING, SAMPLING_SETTINGS
 if TYPE_CHECKING:
     from quickdraft.backends.select import Choice
     from quickdraft.memory import ModelShape
+    from quickdraft.serve.launch import ServerSettings
 
 DEMO_PROMPT = "Write a Python function that checks whether a number is prime."
 
@@ -126,7 +127,14 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
         help="a Host name to answer besides the bound address (repeatable; e.g. behind a proxy)",
     )
     add_option_flags(serve)
-    add_flag(serve, RUN["threads"])
+    add_flag(serve, RUN["threads"], "with --ray: per replica, which reserves as many cores")
+    on_ray = serve.add_argument_group("past one machine (Ray Serve; docs/scaling.md)")
+    on_ray.add_argument("--ray", action="store_true", help="serve as a Ray Serve application (replicas, autoscaling)")
+    on_ray.add_argument("--replicas", type=int, metavar="N", help="replicas, each with its own model (default 1)")
+    on_ray.add_argument("--autoscale", metavar="MIN:MAX", help="Serve's autoscaling on ongoing requests")
+    on_ray.add_argument(
+        "--address", help="join this Ray cluster (e.g. HEAD_IP:6379; default: start a local one for the command)"
+    )
 
 
 def add_train_command(commands: argparse._SubParsersAction) -> None:
@@ -523,42 +531,40 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import quickdraft
-    from quickdraft.serve import create_app
-    from quickdraft.serve.background import DrainingServer, in_passing_thread
     from quickdraft.serve.gate import allowed_hosts
+    from quickdraft.serve.launch import ServerSettings
+
+    settings = ServerSettings(
+        target=args.target,
+        draft=args.draft,
+        method=args.method,
+        options=given_options(args),
+        model_name=args.model_name,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        max_tokens_limit=args.max_tokens_limit,
+        drain_seconds=args.drain_seconds,
+        max_body_bytes=args.max_body_bytes,
+        api_key=args.api_key or None,
+        allowed_hosts=allowed_hosts(args.host, args.allowed_host),
+        threads=args.threads,
+    )
+    if args.ray:
+        return _serve_on_ray(args, settings)
+    if args.replicas is not None or args.autoscale is not None or args.address is not None:
+        raise QuickdraftError("--replicas, --autoscale and --address need --ray")
+    return _serve_here(args, settings)
+
+
+def _serve_here(args: argparse.Namespace, settings: ServerSettings) -> int:
+    """`quickdraft serve`: one process, in the foreground."""
+    from quickdraft.memory import loaded_memory
+    from quickdraft.serve.background import DrainingServer
+    from quickdraft.serve.launch import load_decoder, server_app
 
     _set_threads(args.threads)
-    for flag, value in (
-        ("--max-batch", args.max_batch),
-        ("--max-queue", args.max_queue),
-        ("--max-tokens-limit", args.max_tokens_limit),
-        ("--max-body-bytes", args.max_body_bytes),
-    ):
-        if value < 1:
-            raise QuickdraftError(f"{flag} must be >= 1, got {value}")
-    if args.drain_seconds < 0:
-        raise QuickdraftError(f"--drain-seconds must be >= 0, got {args.drain_seconds}")
-
-    def load() -> quickdraft.Decoder:
-        loaded = quickdraft.load(args.target, args.draft, args.method, **given_options(args))
-        loaded.warm_up()  # one-time checks and timings now, not in the first request
-        return loaded
-
-    decoder = in_passing_thread(load)
-    app = create_app(
-        decoder,
-        args.model_name,
-        args.max_batch,
-        args.max_queue,
-        args.max_tokens_limit,
-        args.drain_seconds,
-        args.max_body_bytes,
-        args.api_key or None,
-        allowed_hosts(args.host, args.allowed_host),
-    )
-    from quickdraft.memory import loaded_memory
-
+    decoder = load_decoder(settings)
+    app = server_app(settings, decoder)
     print(
         "\n".join(
             [
@@ -574,6 +580,32 @@ def _serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     DrainingServer(app, args.host, args.port).run()
+    return 0
+
+
+def _serve_on_ray(args: argparse.Namespace, settings: ServerSettings) -> int:
+    """`quickdraft serve --ray`: replicas on a Ray cluster (a local one unless --address names one)."""
+    try:
+        from quickdraft.serve import ray as on_ray
+    except ImportError as error:
+        raise QuickdraftError(f"--ray needs Ray Serve ({error}): pip install 'quickdraft[ray]'") from None
+    scaling = on_ray.Scaling(
+        replicas=1 if args.replicas is None else args.replicas,
+        autoscale=on_ray.parse_autoscale(args.autoscale) if args.autoscale else None,
+    )
+    where = f"the Ray cluster at {args.address}" if args.address else "a local Ray cluster"
+    print(f"quickdraft: starting {scaling.most} replica(s) on {where} (model files must be readable on every node)")
+    try:
+        url = on_ray.start(settings, scaling, args.host, args.port, args.address)
+        print(
+            f"quickdraft: serving on {url}/v1 with Ray Serve "
+            + (f"(autoscaling {args.autoscale})" if args.autoscale else f"({scaling.replicas} replica(s))")
+            + (" (API key required)" if args.api_key else ""),
+            file=sys.stderr,
+        )
+        on_ray.wait_for_signal()
+    finally:
+        on_ray.stop(owns_cluster=args.address is None)
     return 0
 
 

@@ -4,7 +4,7 @@ the playground, over the batch scheduler, behind the Gate."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -32,6 +32,7 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     api_key: str | None = None,
     allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS,
+    metrics_page: Callable[[], Awaitable[bytes]] | None = None,
 ) -> FastAPI:
     """A FastAPI app serving `decoder`'s target under `model_name` (default: its name).
 
@@ -39,7 +40,8 @@ def create_app(
     max_tokens_limit: the largest max_tokens a request may ask for; drain_seconds: how long a
     shutdown lets running requests finish (then they end with a 503); max_body_bytes: larger
     bodies get a 413; api_key: required as a bearer token (None: open); allowed_hosts: the Host
-    names answered (None: any; the default suits a server bound to the loopback address)."""
+    names answered (None: any; the default suits a server bound to the loopback address);
+    metrics_page: what /metrics shows (None: this server's metrics; on Ray Serve, every replica's)."""
     name = model_name or decoder.target.name
     metrics = ServerMetrics()
     metrics.record_memory(loaded_memory(decoder, max_batch))
@@ -58,7 +60,7 @@ def create_app(
         on_refused=lambda status: metrics.requests.labels("gate", str(status)).inc(),
     )
     add_error_handlers(app)
-    add_service_routes(app, name, scheduler, metrics)
+    add_service_routes(app, name, scheduler, metrics, metrics_page)
     add_openai_routes(app, admission, answers)
     add_quickdraft_routes(app, admission, answers)
     add_playground_routes(app)

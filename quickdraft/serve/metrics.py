@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from quickdraft.stats import StepRecord
 
@@ -119,3 +121,27 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def merged_page(pages: dict[str, bytes], label: str = "replica") -> bytes:
+    """Several servers' /metrics pages as one, each sample labelled with its server's key: what one
+    Prometheus scrape of a Ray Serve application shows for all of its replicas."""
+    families: dict[str, Metric] = {}
+    for key, page in sorted(pages.items()):
+        for family in text_string_to_metric_families(page.decode()):
+            merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+            for sample in family.samples:
+                merged.add_sample(sample.name, {label: key, **sample.labels}, sample.value, sample.timestamp)
+    registry = CollectorRegistry()
+    registry.register(_Families(list(families.values())))
+    return generate_latest(registry)
+
+
+class _Families:
+    """A collector of metric families already made (prometheus_client's way to print them)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families

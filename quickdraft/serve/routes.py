@@ -4,6 +4,7 @@ completions and chat; quickdraft's own /v1/quickdraft/*; the playground's files.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -21,8 +22,14 @@ PLAYGROUND = Path(__file__).parent / "static"  # the playground page: no build s
 PLAYGROUND_FILES = {"playground.js": "text/javascript", "playground.css": "text/css"}
 
 
-def add_service_routes(app: FastAPI, model: str, scheduler: Scheduler, metrics: ServerMetrics) -> None:
-    """/health, /metrics (Prometheus) and /v1/models."""
+def add_service_routes(
+    app: FastAPI,
+    model: str,
+    scheduler: Scheduler,
+    metrics: ServerMetrics,
+    metrics_page: Callable[[], Awaitable[bytes]] | None = None,
+) -> None:
+    """/health, /metrics (Prometheus: metrics_page's text, else this server's own) and /v1/models."""
     created = int(time.time())
 
     @app.get("/health")
@@ -31,7 +38,8 @@ def add_service_routes(app: FastAPI, model: str, scheduler: Scheduler, metrics: 
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        page = await metrics_page() if metrics_page else metrics.render()
+        return Response(page, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
     async def models() -> dict:

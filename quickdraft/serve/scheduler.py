@@ -99,6 +99,11 @@ class Scheduler:
             self._thread.join(timeout=5)
 
     @property
+    def alive(self) -> bool:
+        """Whether the decoding loop runs (a health check's question)."""
+        return self._thread.is_alive()
+
+    @property
     def queued(self) -> int:
         return len(self._waiting)
 

@@ -1,0 +1,257 @@
+"""The server alone and on Ray Serve: tokens/s and p50/p95 latency at several concurrencies.
+
+Setups, each started as its users run it (its own process, a free port, the embedded default
+target): `quickdraft serve --threads T` (one process); `quickdraft serve --ray --replicas 1
+--threads T` (Ray's proxy in front of one replica); `quickdraft serve --ray --replicas 2 --threads
+T/2` (two replicas sharing the cores). For each setup, method (speculation off and on) and
+concurrency C: C client workers send the same Spec-Bench requests as streaming chat completions
+(greedy, official openai client; benchmarks/serve_bench.py's load). The setups run one after
+another, so compare ratios within one run; Ray's overhead is its 1-replica setup over the single
+server at concurrency 1.
+
+With --vllm PYTHON (a Python whose environment has vLLM's CPU build, never quickdraft's own):
+vLLM's OpenAI server on the same model as a bf16 Hugging Face folder (made from the embedded
+GGUF with transformers, once), plain and with its n-gram speculation, as its users start it
+(`python -m vllm.entrypoints.openai.api_server`), the same requests. Greedy outputs of every
+speculative run are compared with the same server's plain run.
+
+    python benchmarks/ray_scale.py --vllm /work/vllm-venv/bin/python --output docs/bench/ray-scale
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+import httpx  # noqa: E402
+from serve_bench import run_load, spec_bench_requests, start_server, write_report  # noqa: E402
+
+from quickdraft.bench.report import machine  # noqa: E402
+
+RAY_START_SECONDS = 900  # a cold local cluster, then each replica loads the model
+VLLM_NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+def setups(threads: int) -> dict[str, tuple[str, ...]]:
+    """Setup name -> `quickdraft serve` flags."""
+    half = max(1, threads // 2)
+    return {
+        f"quickdraft serve, {threads} threads": ("--threads", str(threads)),
+        f"Ray Serve, 1 replica x {threads} threads": ("--ray", "--replicas", "1", "--threads", str(threads)),
+        f"Ray Serve, 2 replicas x {half} thread(s)": ("--ray", "--replicas", "2", "--threads", str(half)),
+    }
+
+
+def measure(args: argparse.Namespace, prompts: list[str]) -> dict[tuple[str, str, int], dict]:
+    """Every (setup, method, concurrency)'s load figures."""
+    results = {}
+    plan = setups(args.threads)
+    runs = (len(plan) + (1 if args.vllm else 0)) * len(args.methods) * len(args.concurrency)
+    progress = tqdm(total=runs, desc="ray-scale", unit="run")
+    for setup, flags in plan.items():
+        progress.set_postfix_str(f"starting {setup}")
+        process, url = start_server(
+            args.precision,
+            max(args.concurrency),
+            args.max_tokens,
+            ("--method", "prompt-lookup", "--backend", args.backend, *flags),
+            timeout=RAY_START_SECONDS,
+        )
+        try:
+            asyncio.run(run_load(url, args.model, prompts[:2], 2, "none", 8))  # warm-up: every replica's first pass
+            for method in args.methods:
+                for concurrency in args.concurrency:
+                    progress.set_postfix_str(f"{setup}: {method} at {concurrency}")
+                    results[setup, method, concurrency] = asyncio.run(
+                        run_load(url, args.model, prompts, concurrency, method, args.max_tokens)
+                    )
+                    progress.update()
+        finally:
+            process.terminate()
+            process.wait(120)
+    if args.vllm:
+        measure_vllm(args, prompts, results, progress)
+    progress.close()
+    return results
+
+
+def vllm_name(args: argparse.Namespace) -> str:
+    return f"vLLM {args.vllm_version} (CPU, bf16), {args.threads} threads"
+
+
+def measure_vllm(args: argparse.Namespace, prompts: list[str], results: dict, progress: tqdm) -> None:
+    """vLLM's OpenAI server, plain ("none") and with n-gram speculation ("prompt-lookup"'s peer):
+    one server per method, since its speculation is fixed when it starts."""
+    folder = bf16_folder(Path("bench-out/smollm2-bf16"))  # never under the report's folder: 270 MB
+    for method in args.methods:
+        progress.set_postfix_str(f"starting vLLM ({method})")
+        process, url = start_vllm(args, folder, speculative=method != "none")
+        try:
+            asyncio.run(run_load(url, args.model, prompts[:2], 2, None, 8))
+            for concurrency in args.concurrency:
+                progress.set_postfix_str(f"vLLM: {method} at {concurrency}")
+                results[vllm_name(args), method, concurrency] = asyncio.run(
+                    run_load(url, args.model, prompts, concurrency, None, args.max_tokens)
+                )
+                progress.update()
+        finally:
+            process.terminate()
+            process.wait(120)
+
+
+def bf16_folder(folder: Path) -> Path:
+    """The embedded target as a bf16 Hugging Face folder (transformers reads the GGUF), made once."""
+    if (folder / "config.json").exists():
+        return folder
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from quickdraft.models.embedded import default_gguf_path
+
+    gguf = default_gguf_path()
+    kwargs = {"gguf_file": gguf.name}
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.bfloat16, **kwargs)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(folder)
+    return folder
+
+
+def start_vllm(args: argparse.Namespace, folder: Path, speculative: bool) -> tuple[subprocess.Popen, str]:
+    """`python -m vllm.entrypoints.openai.api_server` in its own environment on a free port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [
+        args.vllm,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(folder),
+        "--served-model-name",
+        args.model,
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "2048",
+        "--max-num-seqs",
+        str(max(args.concurrency)),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *(["--speculative-config", json.dumps(VLLM_NGRAM)] if speculative else []),
+    ]
+    environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": str(args.threads)}
+    process = subprocess.Popen(command, env=environment)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + RAY_START_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vLLM's server exited with {process.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(1)
+    process.terminate()
+    raise RuntimeError("vLLM's server did not start")
+
+
+def report(args: argparse.Namespace, prompts: list[str], results: dict) -> str:
+    names = list(setups(args.threads)) + ([vllm_name(args)] if args.vllm else [])
+    lines = [
+        f"Target: {args.model} ({args.backend} backend, precision: {args.precision or 'its default'}); "
+        f"{len(prompts)} streaming "
+        f"chat requests per run (greedy, max_tokens {args.max_tokens}, Spec-Bench questions); max batch "
+        f"{max(args.concurrency)} per replica; {date.today()}; {machine()}.",
+        "",
+        "| setup | method | concurrency | tokens/s | p50 latency s | p95 latency s | tokens/s vs single server "
+        "| outputs != plain |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for setup in names:
+        for method in args.methods:
+            for concurrency in args.concurrency:
+                r = results[setup, method, concurrency]
+                base = results[names[0], method, concurrency]["tokens_per_second"]
+                plain = results[setup, "none", min(args.concurrency)]["texts"]
+                differ = sum(r["texts"][p] != plain[p] for p in prompts)
+                lines.append(
+                    f"| {setup} | {method} | {concurrency} | {r['tokens_per_second']:.1f} | "
+                    f"{r['median_latency']:.2f} | {r['p95_latency']:.2f} | {r['tokens_per_second'] / base:.2f}x "
+                    f"| {differ}/{len(prompts)} |"
+                )
+    if args.vllm:
+        lines += [
+            "",
+            f"vLLM: the same weights as a bf16 Hugging Face folder; its `prompt-lookup` rows are its n-gram "
+            f"speculation ({json.dumps(VLLM_NGRAM)}); outputs compared with its own plain run.",
+        ]
+    one = min(args.concurrency)
+    lines += ["", f"Ray's proxy at concurrency {one} (1 replica over the single server, same threads):", ""]
+    for method in args.methods:
+        ray_, single = (results[name, method, one]["tokens_per_second"] for name in names[:2])
+        ratio = ray_ / single
+        lines.append(f"- {method}: {ratio:.2f}x")
+    return "\n".join(lines)
+
+
+def plot(args: argparse.Namespace, results: dict, path: Path) -> None:
+    """Tokens/s against concurrency, one line per setup and method."""
+    figure, axes = plt.subplots(figsize=(7, 4.2))
+    for setup in list(setups(args.threads)) + ([vllm_name(args)] if args.vllm else []):
+        for method, style in zip(args.methods, ("--", "-")):
+            values = [results[setup, method, c]["tokens_per_second"] for c in args.concurrency]
+            axes.plot(args.concurrency, values, style, marker="o", label=f"{setup}, {method}")
+    axes.set(xlabel="concurrent clients", ylabel="tokens/s (all clients)", xscale="log", xticks=args.concurrency)
+    axes.set_xticklabels([str(c) for c in args.concurrency])
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
+    parser.add_argument("--methods", nargs="+", default=["none", "prompt-lookup"])
+    parser.add_argument("--requests", type=int, default=16, help="requests per (setup, method, concurrency) run")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2, help="cores for each setup, all replicas together")
+    parser.add_argument("--backend", default="native", help="quickdraft serve's backend")
+    parser.add_argument("--precision", help="passed to quickdraft serve (default: the backend's own)")
+    parser.add_argument("--model", default="SmolLM2-135M-Instruct", help="the model id the servers answer to")
+    parser.add_argument("--vllm", help="a Python with vLLM's CPU build in its environment: vLLM's server beside")
+    parser.add_argument("--output", type=Path, default=Path("bench-out/ray-scale"))
+    args = parser.parse_args()
+    if args.vllm:
+        version = subprocess.run(
+            [args.vllm, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True, check=True
+        )
+        args.vllm_version = version.stdout.strip()
+
+    prompts = spec_bench_requests(args.requests)
+    results = measure(args, prompts)
+    args.output.mkdir(parents=True, exist_ok=True)
+    plot(args, results, args.output / "tokens_per_second_vs_concurrency.png")
+    raw = {"|".join(map(str, key)): value for key, value in results.items()}
+    write_report(args.output, report(args, prompts, results), raw)
+
+
+if __name__ == "__main__":
+    main()
