@@ -61,7 +61,7 @@ def measure(args: argparse.Namespace, prompts: list[str]) -> dict[tuple[str, str
     """Every (setup, method, concurrency)'s load figures."""
     results = {}
     plan = setups(args.threads)
-    runs = (len(plan) + (1 if args.vllm else 0)) * len(args.methods) * len(args.concurrency)
+    runs = len(plan) * len(args.methods) * len(args.concurrency)
     progress = tqdm(total=runs, desc="ray-scale", unit="run")
     for setup, flags in plan.items():
         progress.set_postfix_str(f"starting {setup}")
@@ -84,8 +84,6 @@ def measure(args: argparse.Namespace, prompts: list[str]) -> dict[tuple[str, str
         finally:
             process.terminate()
             process.wait(120)
-    if args.vllm:
-        measure_vllm(args, prompts, results, progress)
     progress.close()
     return results
 
@@ -94,9 +92,10 @@ def vllm_name(args: argparse.Namespace) -> str:
     return f"vLLM {args.vllm_version} (CPU, bf16), {args.threads} threads"
 
 
-def measure_vllm(args: argparse.Namespace, prompts: list[str], results: dict, progress: tqdm) -> None:
+def measure_vllm(args: argparse.Namespace, prompts: list[str], results: dict) -> None:
     """vLLM's OpenAI server, plain ("none") and with n-gram speculation ("prompt-lookup"'s peer):
     one server per method, since its speculation is fixed when it starts."""
+    progress = tqdm(total=len(args.methods) * len(args.concurrency), desc="vLLM", unit="run")
     folder = bf16_folder(Path("bench-out/smollm2-bf16"))  # never under the report's folder: 270 MB
     for method in args.methods:
         progress.set_postfix_str(f"starting vLLM ({method})")
@@ -112,6 +111,7 @@ def measure_vllm(args: argparse.Namespace, prompts: list[str], results: dict, pr
         finally:
             process.terminate()
             process.wait(120)
+    progress.close()
 
 
 def bf16_folder(folder: Path) -> Path:
@@ -125,7 +125,9 @@ def bf16_folder(folder: Path) -> Path:
 
     gguf = default_gguf_path()
     kwargs = {"gguf_file": gguf.name}
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.bfloat16, **kwargs)
+    read = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.bfloat16, **kwargs)
+    model = AutoModelForCausalLM.from_config(read.config, dtype=torch.bfloat16)  # a plain copy: gguf's is not saved
+    model.load_state_dict(read.state_dict())
     model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(folder)
     return folder
@@ -247,6 +249,15 @@ def main() -> None:
 
     prompts = spec_bench_requests(args.requests)
     results = measure(args, prompts)
+    vllm, args.vllm = args.vllm, None
+    save(args, prompts, results)  # quickdraft's figures are kept whatever happens to the peer's
+    if vllm:
+        args.vllm = vllm
+        measure_vllm(args, prompts, results)
+        save(args, prompts, results)
+
+
+def save(args: argparse.Namespace, prompts: list[str], results: dict) -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     plot(args, results, args.output / "tokens_per_second_vs_concurrency.png")
     raw = {"|".join(map(str, key)): value for key, value in results.items()}
