@@ -27,7 +27,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from datetime import date
 from pathlib import Path
 
@@ -38,8 +37,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-import httpx  # noqa: E402
-from serve_bench import run_load, spec_bench_requests, start_server, write_report  # noqa: E402
+from serve_bench import run_load, spec_bench_requests, start_server, wait_for_health, write_report  # noqa: E402
 
 from quickdraft.bench.report import machine  # noqa: E402
 
@@ -161,17 +159,8 @@ def start_vllm(args: argparse.Namespace, folder: Path, speculative: bool) -> tup
     environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": str(args.threads)}
     process = subprocess.Popen(command, env=environment)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + RAY_START_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"vLLM's server exited with {process.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            time.sleep(1)
-    process.terminate()
-    raise RuntimeError("vLLM's server did not start")
+    wait_for_health(process, url, RAY_START_SECONDS, "vLLM's server")
+    return process, url
 
 
 def report(args: argparse.Namespace, prompts: list[str], results: dict) -> str:

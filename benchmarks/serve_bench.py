@@ -144,17 +144,23 @@ def start_server(
     ]
     process = subprocess.Popen(command)
     url = f"http://127.0.0.1:{port}"
+    wait_for_health(process, url, timeout, "quickdraft serve")
+    return process, url
+
+
+def wait_for_health(process: subprocess.Popen, url: str, timeout: float, name: str) -> None:
+    """Until url/health answers 200; a server that exits or does not answer in time is an error."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"quickdraft serve exited with {process.returncode}")
+            raise RuntimeError(f"{name} exited with {process.returncode}")
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return process, url
+                return
         except httpx.HTTPError:
             time.sleep(0.5)
     process.terminate()
-    raise RuntimeError("quickdraft serve did not start")
+    raise RuntimeError(f"{name} did not start")
 
 
 def main() -> None:
