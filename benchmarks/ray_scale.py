@@ -196,7 +196,7 @@ def report(args: argparse.Namespace, prompts: list[str], results: dict) -> str:
     one = min(args.concurrency)
     lines += ["", f"Ray's proxy at concurrency {one} (1 replica over the single server, same threads):", ""]
     for method in args.methods:
-        ray_, single = (results[name, method, one]["tokens_per_second"] for name in names[:2])
+        single, ray_ = (results[name, method, one]["tokens_per_second"] for name in names[:2])
         ratio = ray_ / single
         lines.append(f"- {method}: {ratio:.2f}x")
     return "\n".join(lines)
