@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 from datetime import date
@@ -37,7 +36,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve_bench import run_load, spec_bench_requests, start_server, wait_for_health, write_report  # noqa: E402
+from serve_bench import (  # noqa: E402
+    free_port,
+    run_load,
+    spec_bench_requests,
+    start_server,
+    wait_for_health,
+    write_report,
+)
 
 from quickdraft.bench.report import machine  # noqa: E402
 
@@ -133,9 +139,7 @@ def bf16_folder(folder: Path) -> Path:
 
 def start_vllm(args: argparse.Namespace, folder: Path, speculative: bool) -> tuple[subprocess.Popen, str]:
     """`python -m vllm.entrypoints.openai.api_server` in its own environment on a free port."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     command = [
         args.vllm,
         "-m",

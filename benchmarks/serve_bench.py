@@ -125,9 +125,7 @@ def start_server(
 ) -> tuple[subprocess.Popen, str]:
     """`quickdraft serve` (with `extra` flags) in its own process on a free port; returns it once
     /health answers."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     command = [
         sys.executable,
         "-m",
@@ -146,6 +144,13 @@ def start_server(
     url = f"http://127.0.0.1:{port}"
     wait_for_health(process, url, timeout, "quickdraft serve")
     return process, url
+
+
+def free_port() -> int:
+    """A localhost port free right now (for a server started next)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def wait_for_health(process: subprocess.Popen, url: str, timeout: float, name: str) -> None:
