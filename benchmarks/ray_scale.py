@@ -5,9 +5,9 @@ target): `quickdraft serve --threads T` (one process); `quickdraft serve --ray -
 --threads T` (Ray's proxy in front of one replica); `quickdraft serve --ray --replicas 2 --threads
 T/2` (two replicas sharing the cores). For each setup, method (speculation off and on) and
 concurrency C: C client workers send the same Spec-Bench requests as streaming chat completions
-(greedy, official openai client; benchmarks/serve_bench.py's load). The setups run one after
-another, so compare ratios within one run; Ray's overhead is its 1-replica setup over the single
-server at concurrency 1.
+(greedy, official openai client; benchmarks/serve_bench.py's load), --repeats times, the repeats
+interleaved and pooled. The setups run one after another, so compare ratios within one run; Ray's
+overhead is its 1-replica setup over the single server at concurrency 1.
 
 With --vllm PYTHON (a Python whose environment has vLLM's CPU build, never quickdraft's own):
 vLLM's OpenAI server on the same model as a bf16 Hugging Face folder (made from the embedded
@@ -24,8 +24,10 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
+import time
 from datetime import date
 from pathlib import Path
 
@@ -38,6 +40,7 @@ from tqdm import tqdm  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from serve_bench import (  # noqa: E402
     free_port,
+    quantile,
     run_load,
     spec_bench_requests,
     start_server,
@@ -65,7 +68,7 @@ def measure(args: argparse.Namespace, prompts: list[str]) -> dict[tuple[str, str
     """Every (setup, method, concurrency)'s load figures."""
     results = {}
     plan = setups(args.threads)
-    runs = len(plan) * len(args.methods) * len(args.concurrency)
+    runs = len(plan) * len(args.methods) * len(args.concurrency) * args.repeats
     progress = tqdm(total=runs, desc="ray-scale", unit="run")
     for setup, flags in plan.items():
         progress.set_postfix_str(f"starting {setup}")
@@ -77,19 +80,50 @@ def measure(args: argparse.Namespace, prompts: list[str]) -> dict[tuple[str, str
             timeout=RAY_START_SECONDS,
         )
         try:
-            asyncio.run(run_load(url, args.model, prompts[:2], 2, "none", 8))  # warm-up: every replica's first pass
-            for method in args.methods:
-                for concurrency in args.concurrency:
-                    progress.set_postfix_str(f"{setup}: {method} at {concurrency}")
-                    results[setup, method, concurrency] = asyncio.run(
-                        run_load(url, args.model, prompts, concurrency, method, args.max_tokens)
-                    )
-                    progress.update()
+            runs = load_runs(args, url, prompts, {method: method for method in args.methods}, progress, setup)
+            results.update({(setup, *key): value for key, value in runs.items()})
         finally:
             process.terminate()
             process.wait(120)
     progress.close()
     return results
+
+
+def load_runs(
+    args: argparse.Namespace, url: str, prompts: list[str], methods: dict[str, str | None], progress: tqdm, name: str
+) -> dict[tuple[str, int], dict]:
+    """Every (method, concurrency) run against one server, `args.repeats` times with the repeats
+    interleaved (drift spreads over all), then pooled. `methods`: reported name -> the request's
+    `quickdraft.method` (None: the server's own). First a warm-up and a pause, the same for every
+    setup: a fresh Ray cluster's agents are still starting in its first seconds."""
+    first = next(iter(methods.values()))
+    asyncio.run(run_load(url, args.model, prompts[:2], 2, first, 8))  # every replica's first pass
+    time.sleep(args.settle)
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for _ in range(args.repeats):
+        for method, asked in methods.items():
+            for concurrency in args.concurrency:
+                progress.set_postfix_str(f"{name}: {method} at {concurrency}")
+                run = asyncio.run(run_load(url, args.model, prompts, concurrency, asked, args.max_tokens))
+                runs.setdefault((method, concurrency), []).append(run)
+                progress.update()
+    return {key: pooled(repeats) for key, repeats in runs.items()}
+
+
+def pooled(repeats: list[dict]) -> dict:
+    """Repeats of one run as one: all tokens over all seconds, every latency, each repeat's texts."""
+    latencies = [latency for run in repeats for latency in run["latencies"]]
+    tokens, seconds = sum(run["tokens"] for run in repeats), sum(run["seconds"] for run in repeats)
+    return {
+        "repeats": len(repeats),
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_second": tokens / seconds,
+        "tokens_per_second_by_repeat": [run["tokens_per_second"] for run in repeats],
+        "median_latency": statistics.median(latencies),
+        "p95_latency": quantile(latencies, 0.95),
+        "texts": [run["texts"] for run in repeats],
+    }
 
 
 def vllm_name(args: argparse.Namespace) -> str:
@@ -99,19 +133,14 @@ def vllm_name(args: argparse.Namespace) -> str:
 def measure_vllm(args: argparse.Namespace, prompts: list[str], results: dict) -> None:
     """vLLM's OpenAI server, plain ("none") and with n-gram speculation ("prompt-lookup"'s peer):
     one server per method, since its speculation is fixed when it starts."""
-    progress = tqdm(total=len(args.methods) * len(args.concurrency), desc="vLLM", unit="run")
+    progress = tqdm(total=len(args.methods) * len(args.concurrency) * args.repeats, desc="vLLM", unit="run")
     folder = bf16_folder(Path("bench-out/smollm2-bf16"))  # never under the report's folder: 270 MB
     for method in args.methods:
         progress.set_postfix_str(f"starting vLLM ({method})")
         process, url = start_vllm(args, folder, speculative=method != "none")
         try:
-            asyncio.run(run_load(url, args.model, prompts[:2], 2, None, 8))
-            for concurrency in args.concurrency:
-                progress.set_postfix_str(f"vLLM: {method} at {concurrency}")
-                results[vllm_name(args), method, concurrency] = asyncio.run(
-                    run_load(url, args.model, prompts, concurrency, None, args.max_tokens)
-                )
-                progress.update()
+            runs = load_runs(args, url, prompts, {method: None}, progress, "vLLM")
+            results.update({(vllm_name(args), *key): value for key, value in runs.items()})
         finally:
             process.terminate()
             process.wait(120)
@@ -130,7 +159,10 @@ def bf16_folder(folder: Path) -> Path:
     gguf = default_gguf_path()
     kwargs = {"gguf_file": gguf.name}
     read = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.bfloat16, **kwargs)
-    model = AutoModelForCausalLM.from_config(read.config, dtype=torch.bfloat16)  # a plain copy: gguf's is not saved
+    config = read.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the GGUF's, which would tell vLLM to read the folder as a GGUF
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # a plain copy: gguf's is not saved
     model.load_state_dict(read.state_dict())
     model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(folder)
@@ -172,7 +204,9 @@ def report(args: argparse.Namespace, prompts: list[str], results: dict) -> str:
     lines = [
         f"Target: {args.model} ({args.backend} backend, precision: {args.precision or 'its default'}); "
         f"{len(prompts)} streaming "
-        f"chat requests per run (greedy, max_tokens {args.max_tokens}, Spec-Bench questions); max batch "
+        f"chat requests per run (greedy, max_tokens {args.max_tokens}, Spec-Bench questions), each run "
+        f"{args.repeats} times (interleaved; figures pooled over the repeats) after a warm-up and "
+        f"{args.settle:g} s of rest; max batch "
         f"{max(args.concurrency)} per replica; {date.today()}; {machine()}.",
         "",
         "| setup | method | concurrency | tokens/s | p50 latency s | p95 latency s | tokens/s vs single server "
@@ -184,12 +218,12 @@ def report(args: argparse.Namespace, prompts: list[str], results: dict) -> str:
             for concurrency in args.concurrency:
                 r = results[setup, method, concurrency]
                 base = results[names[0], method, concurrency]["tokens_per_second"]
-                plain = results[setup, "none", min(args.concurrency)]["texts"]
-                differ = sum(r["texts"][p] != plain[p] for p in prompts)
+                plain = results[setup, "none", min(args.concurrency)]["texts"][0]
+                differ = sum(texts[p] != plain[p] for texts in r["texts"] for p in prompts)
                 lines.append(
                     f"| {setup} | {method} | {concurrency} | {r['tokens_per_second']:.1f} | "
                     f"{r['median_latency']:.2f} | {r['p95_latency']:.2f} | {r['tokens_per_second'] / base:.2f}x "
-                    f"| {differ}/{len(prompts)} |"
+                    f"| {differ}/{len(prompts) * r['repeats']} |"
                 )
     if args.vllm:
         lines += [
@@ -227,6 +261,8 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=["none", "prompt-lookup"])
     parser.add_argument("--requests", type=int, default=16, help="requests per (setup, method, concurrency) run")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2, help="each run this many times, interleaved, pooled")
+    parser.add_argument("--settle", type=float, default=20, help="seconds of rest after each server's warm-up")
     parser.add_argument("--threads", type=int, default=2, help="cores for each setup, all replicas together")
     parser.add_argument("--backend", default="native", help="quickdraft serve's backend")
     parser.add_argument("--precision", help="passed to quickdraft serve (default: the backend's own)")

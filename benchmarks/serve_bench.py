@@ -82,6 +82,7 @@ async def run_load(
         "median_latency": statistics.median(latencies),
         "p95_latency": quantile(latencies, 0.95),
         "median_first_token": statistics.median(first_tokens),
+        "latencies": latencies,
         "texts": texts,
     }
 

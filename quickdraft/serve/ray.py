@@ -8,6 +8,9 @@ and restarts a replica that dies. Run it with `quickdraft serve --ray`, or from 
         route_prefix: /
         import_path: quickdraft.serve.ray:app
         args: {target: /models/llama-3.2-1b, method: eagle, replicas: 2, threads: 4}
+    controller_options:  # Ray's proxy ends a stream cut short with an error event (stream_guard.py)
+      runtime_env:
+        env_vars: {RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH: "quickdraft.serve.stream_guard:proxy_middlewares"}
 
 Model files must be readable at the same path on every node."""
 
@@ -30,6 +33,7 @@ from ray.serve.exceptions import RayServeException
 from quickdraft.errors import QuickdraftError
 from quickdraft.serve.launch import ServerSettings, load_decoder, server_app
 from quickdraft.serve.metrics import merged_page
+from quickdraft.serve.stream_guard import PROXY_ENV
 
 APP_NAME = "quickdraft"
 PUSH_SECONDS = 1.0  # how stale another replica's numbers on /metrics may be
@@ -221,7 +225,10 @@ def start(settings: ServerSettings, scaling: Scaling, host: str, port: int, addr
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=True, namespace="quickdraft")
     check_cores(settings, scaling)
-    serve.start(http_options={"host": host, "port": port})
+    serve.start(
+        http_options={"host": host, "port": port},
+        controller_options={"runtime_env": {"env_vars": PROXY_ENV}},  # a stream cut short ends with an error event
+    )
     try:
         serve.run(quickdraft_application(settings, scaling), name=APP_NAME, route_prefix="/")
     except RuntimeError as error:
