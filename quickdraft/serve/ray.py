@@ -39,6 +39,7 @@ APP_NAME = "quickdraft"
 PUSH_SECONDS = 1.0  # how stale another replica's numbers on /metrics may be
 STALE_SECONDS = 60.0  # a replica silent this long is gone (restarted under another name)
 RETRY_AFTER_SECONDS = 1  # what the single server's 429 says too
+REPLICA_HEADER = "x-quickdraft-replica"
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ class QuickdraftReplica:
 
     async def __serve_build_asgi_app__(self) -> FastAPI:
         self.served = server_app(self.settings, self.decoder, self.metrics_page)
+        self.served.add_middleware(ReplicaHeader, replica=self.replica)
         self.pushing = asyncio.get_running_loop().create_task(self._push_metrics())
         return self.served
 
@@ -164,6 +166,26 @@ class QuickdraftReplica:
         """Ray restarts a replica whose decoding loop has stopped."""
         if self.served is not None and not self.served.state.scheduler.alive:
             raise RuntimeError("the scheduler's decoding loop has stopped")
+
+
+class ReplicaHeader:
+    """ASGI middleware: every answer names the replica that gave it (`x-quickdraft-replica`, the id
+    its metrics are labelled with), for a user's logs and for tests."""
+
+    def __init__(self, app: Any, replica: str) -> None:
+        self.app, self.name = app, (REPLICA_HEADER.encode(), replica.encode())
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def named(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.name]}
+            await send(message)
+
+        await self.app(scope, receive, named)
 
 
 def quickdraft_application(settings: ServerSettings, scaling: Scaling) -> Application:
