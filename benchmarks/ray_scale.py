@@ -38,6 +38,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+from hf_folder import hf_folder  # noqa: E402
 from serve_bench import (  # noqa: E402
     free_port,
     quantile,
@@ -134,7 +135,7 @@ def measure_vllm(args: argparse.Namespace, prompts: list[str], results: dict) ->
     """vLLM's OpenAI server, plain ("none") and with n-gram speculation ("prompt-lookup"'s peer):
     one server per method, since its speculation is fixed when it starts."""
     progress = tqdm(total=len(args.methods) * len(args.concurrency) * args.repeats, desc="vLLM", unit="run")
-    folder = bf16_folder(Path("bench-out/smollm2-bf16"))  # never under the report's folder: 270 MB
+    folder = hf_folder(Path("bench-out/smollm2-bf16"), "bfloat16")  # never under the report's folder: 270 MB
     for method in args.methods:
         progress.set_postfix_str(f"starting vLLM ({method})")
         process, url = start_vllm(args, folder, speculative=method != "none")
@@ -145,28 +146,6 @@ def measure_vllm(args: argparse.Namespace, prompts: list[str], results: dict) ->
             process.terminate()
             process.wait(120)
     progress.close()
-
-
-def bf16_folder(folder: Path) -> Path:
-    """The embedded target as a bf16 Hugging Face folder (transformers reads the GGUF), made once."""
-    if (folder / "config.json").exists():
-        return folder
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from quickdraft.models.embedded import default_gguf_path
-
-    gguf = default_gguf_path()
-    kwargs = {"gguf_file": gguf.name}
-    read = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.bfloat16, **kwargs)
-    config = read.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config  # the GGUF's, which would tell vLLM to read the folder as a GGUF
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # a plain copy: gguf's is not saved
-    model.load_state_dict(read.state_dict())
-    model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(folder)
-    return folder
 
 
 def start_vllm(args: argparse.Namespace, folder: Path, speculative: bool) -> tuple[subprocess.Popen, str]:
