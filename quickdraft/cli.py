@@ -191,6 +191,13 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
         help="eagle: 3 fuses low, middle and high target layers and trains unrolled (default); "
         "1 reads the last hidden state",
     )
+    train.add_argument(
+        "--init",
+        type=Path,
+        metavar="HEAD",
+        help="eagle 3: fine-tune this head folder (its weights and draft vocabulary, e.g. "
+        "quickdraft/heads/shipped/<target>/eagle) instead of starting from the target's layers",
+    )
     train.add_argument("--unroll", type=int, default=4, help="eagle 3: steps unrolled on the head's own outputs")
     train.add_argument("--context", type=int, default=128, help="eagle 3: prompt tokens kept before a response")
     train.add_argument("--heads", type=int, default=3, help="medusa: number of heads")
@@ -480,6 +487,7 @@ def _train(args: argparse.Namespace) -> int:
         distill_batch=args.distill_batch,
         feature_batch=args.feature_batch,
         target_precision=args.target_precision,
+        init=args.init,
     )
     top1 = ", ".join(f"{a:.1%}" for a in result["held_out_top1"])
     kind = (

@@ -182,6 +182,39 @@ def test_a_run_resumed_on_other_data_keeps_the_vocabulary_its_head_learned(tiny_
     assert again["draft_vocab_coverage"] == round(coverage(grown, first.vocab, full), 4)  # and labels used it
 
 
+def test_a_run_can_fine_tune_a_saved_head(tiny_target, fused, tmp_path):
+    """--init: the run starts from the head's weights and keeps its draft vocabulary, whatever data it reads."""
+    shards, config = fused
+    tables = (
+        tiny_target.lm_head.weight.detach(),
+        tiny_target.model.norm.weight.detach(),
+        tiny_target.model.embed_tokens.weight.detach(),
+    )
+    settings = TrainSettings(steps=40, sequences=4, window=64, lr=3e-3, unroll=2, vocab=6, precision="fp32")
+    first = train_eagle3(shards, *tables, config, tmp_path / "first", settings, "tiny", progress=False)
+    full = tables[0].shape[0]
+    grown = [{**shard, "tokens": (shard["tokens"] + 7) % full} for shard in shards]
+    still = replace(settings, steps=1, lr=0.0)  # a step that moves nothing: the run holds the head it started from
+    tuned = train_eagle3(
+        grown, *tables, config, tmp_path / "tuned", still, "tiny", progress=False, init=tmp_path / "first"
+    )
+    assert tuned["init"] == str(tmp_path / "first")
+    before, after = load_eagle(tmp_path / "first", *tables[::2]), load_eagle(tmp_path / "tuned", *tables[::2])
+    assert torch.equal(after.vocab, before.vocab)
+    for name, value in before.state_dict().items():
+        assert torch.equal(after.state_dict()[name], value), name
+    fresh = train_eagle3(shards, *tables, config, tmp_path / "fresh", still, "tiny", progress=False)
+    again = train_eagle3(
+        shards, *tables, config, tmp_path / "again", still, "tiny", progress=False, init=tmp_path / "first"
+    )
+    assert again["held_out_top1"] == first["held_out_top1"] != fresh["held_out_top1"]  # it starts trained
+    with pytest.raises(QuickdraftError, match="no quickdraft head"):
+        train_eagle3(shards, *tables, config, tmp_path / "x", still, "tiny", progress=False, init=tmp_path / "none")
+    other = replace(config, intermediate=config.intermediate * 2)
+    with pytest.raises(QuickdraftError, match="another target"):
+        train_eagle3(shards, *tables, other, tmp_path / "y", still, "tiny", progress=False, init=tmp_path / "first")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_training_on_a_gpu_learns_and_saves_a_head_that_loads_on_the_cpu(tiny_target, fused, tmp_path):
     # `quickdraft train --device cuda`: batches drawn on the CPU, the head trained on the GPU.

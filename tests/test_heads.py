@@ -31,6 +31,9 @@ def test_training_files_in_every_format_and_evaluation_sets_refused(tmp_path):
     assert read_examples(tmp_path / "a.json") == [Example("Add\n\n1 2", "3")]
     assert read_examples(tmp_path / "b.jsonl") == [Example("q?", "a.")]
     assert read_examples(tmp_path / "c.txt") == [Example("", "one"), Example("", "two")]
+    prompt_sets = [{"prompt": "p", "response": "r"}, {"prompt": "Who?", "answer": ["A", "B"]}, {"prompt": "S"}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(record) + "\n" for record in prompt_sets))
+    assert read_examples(tmp_path / "d.jsonl") == [Example("p", "r"), Example("Who?", "A"), Example("S", "")]
     (tmp_path / "test.jsonl").write_text("")
     with pytest.raises(QuickdraftError, match="evaluation set"):
         read_examples(tmp_path / "test.jsonl")

@@ -23,8 +23,8 @@ class Example:
 
 def read_examples(path: str | Path) -> list[Example]:
     """Alpaca-style JSON (instruction, input, response/output), GSM8K-style JSONL (question,
-    answer), JSONL with prompt/response or text, or a plain .txt file (one example per blank-line
-    separated paragraph)."""
+    answer), JSONL with prompt/response, prompt/answer (the first of a list) or text, or a plain
+    .txt file (one example per blank-line separated paragraph)."""
     path = Path(path)
     if path.name in EVALUATION_FILES or "spec_bench" in path.parts or "mt_bench" in path.parts:
         raise QuickdraftError(f"{path} is an evaluation set; train draft heads on training data only")
@@ -47,8 +47,9 @@ def _example(record: dict) -> Example | None:
         return Example(prompt, record.get("response") or record.get("output") or "")
     if "question" in record and "answer" in record:
         return Example(record["question"], record["answer"])
-    if "prompt" in record and "response" in record:
-        return Example(record["prompt"], record["response"])
+    if "prompt" in record:  # prompt/response, or a prompt set's prompt and reference answer(s)
+        answer = record.get("response") or record.get("answer") or ""
+        return Example(record["prompt"], answer if isinstance(answer, str) else str(answer[0]))
     if "text" in record:
         return Example("", record["text"])
     return None

@@ -119,14 +119,19 @@ def optimise(
 
 
 def training_vocabulary(
-    shards: list[dict[str, torch.Tensor]], settings: TrainSettings, full: int, folder: Path
+    shards: list[dict[str, torch.Tensor]],
+    settings: TrainSettings,
+    full: int,
+    folder: Path,
+    start: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[V'] the draft vocabulary: a resumed run's own (its head's LM head rows follow it, whatever
-    data the run now reads), else the data's most frequent response tokens."""
+    data the run now reads), else `start`'s (the head a run fine-tunes), else the data's most
+    frequent response tokens."""
     checkpoint = folder / CHECKPOINT_FILE
     if checkpoint.is_file():
         return torch.load(checkpoint, map_location="cpu")["model"]["vocab"]
-    return draft_vocabulary(shards, settings.vocab, full)
+    return start if start is not None else draft_vocabulary(shards, settings.vocab, full)
 
 
 def held_out(shards: list[dict[str, torch.Tensor]], settings: TrainSettings) -> torch.Tensor:

@@ -130,6 +130,7 @@ def train(
     distill_batch: int | None = None,
     feature_batch: int | None = None,
     target_precision: str | None = None,
+    init: Path | None = None,
 ) -> dict:
     """Train a `kind` head for `target` (None: the embedded default) on `data` files; returns its
     config. eagle: 3 (fused features, training-time test) or 1 (last hidden state) for EAGLE heads.
@@ -138,7 +139,8 @@ def train(
     of one feature-extraction pass, several examples' rows side by side (default: one example a
     pass on a CPU; 16,384 on a GPU, where one example a pass is launch-bound).
     target_precision: what the target computes at for distillation and features (None: the
-    checkpoint's own where the native backend has it; see feature_decoder)."""
+    checkpoint's own where the native backend has it; see feature_decoder). init: an EAGLE-3
+    head folder to fine-tune instead of starting from the target's layers."""
     if kind not in KINDS:
         raise QuickdraftError(f"unknown head kind {kind!r}; choose one of: {', '.join(KINDS)}")
     if eagle not in (1, 3):
@@ -147,6 +149,8 @@ def train(
         raise QuickdraftError(f"--unroll must be >= 1, got {settings.unroll}")
     if heads < 1:
         raise QuickdraftError(f"--heads must be >= 1, got {heads}")
+    if init is not None and (kind, eagle) != ("eagle", 3):
+        raise QuickdraftError("--init fine-tunes EAGLE-3 heads only (train eagle --eagle 3)")
     if distill_batch is None:
         distill_batch = 64 if settings.device == "cpu" else 256
     if distill_batch < 1:
@@ -184,7 +188,7 @@ def train(
             )
         )
         norm = loaded.tensor(NORM).float()
-        return train_eagle3(shards, lm_head, norm, embeddings, config, output, settings, loaded.name, progress)
+        return train_eagle3(shards, lm_head, norm, embeddings, config, output, settings, loaded.name, progress, init)
     shards = load_features(
         extract_features(backend, sequences, cache / "features", progress, batch_tokens=feature_batch)
     )

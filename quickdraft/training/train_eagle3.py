@@ -18,9 +18,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
+from quickdraft.errors import QuickdraftError
 from quickdraft.heads.config import Eagle3Config
 from quickdraft.heads.eagle3 import Eagle3Head
+from quickdraft.heads.format import HEADS_FILE, read_config
 from quickdraft.training.loop import TrainSettings, held_out, optimise, save_head, to_device, training_vocabulary
 from quickdraft.training.train_eagle import Sequences, eagle_batch, eagle_sequences
 from quickdraft.training.vocab import vocabulary_index
@@ -92,6 +95,24 @@ def start_from_target(head: Eagle3Head) -> None:
         head.fc.weight[:, -h:] = torch.eye(h)
 
 
+def starting_head(folder: Path, config: Eagle3Config, vocab: int) -> dict[str, torch.Tensor]:
+    """The saved state of the EAGLE-3 head in `folder` (a quickdraft head, as `train` writes and
+    heads/shipped holds), checked to fit a target of this layer shape and vocabulary: a run
+    fine-tunes it instead of starting from the target's layers."""
+    if not (folder / HEADS_FILE).is_file():
+        raise QuickdraftError(f"--init: no quickdraft head in {folder} (its {HEADS_FILE} is missing)")
+    saved = read_config(folder)
+    layer = saved.get("layer", {})
+    if saved.get("kind") != "eagle" or "features" not in layer:
+        raise QuickdraftError(f"--init: {folder} holds no EAGLE-3 head (kind {saved.get('kind')!r})")
+    if Eagle3Config.from_dict(layer) != config or saved.get("vocab") != vocab:
+        raise QuickdraftError(
+            f"--init: the head in {folder} was trained for another target ({saved.get('target')!r}); "
+            "its layer shape or vocabulary differs from this target's"
+        )
+    return load_file(str(folder / HEADS_FILE))
+
+
 def train_eagle3(
     shards: list[dict[str, torch.Tensor]],
     lm_head: torch.Tensor,
@@ -102,19 +123,25 @@ def train_eagle3(
     settings: TrainSettings = TrainSettings(),
     target_name: str = "",
     progress: bool = True,
+    init: Path | None = None,
 ) -> dict:
     """Train an EAGLE-3 head on shards of fused features (extract_features with config.features);
-    writes folder/heads.safetensors, config.json and a checkpoint (resumable). Returns the config
-    with the held-out top-1 accuracy per unrolled step (its depth-1, 2, ... guesses)."""
+    writes folder/heads.safetensors, config.json and a checkpoint (resumable). init: a head folder
+    to fine-tune (its weights and draft vocabulary), else the head starts from the target's layers.
+    Returns the config with the held-out top-1 accuracy per unrolled step (its depth-1, 2, ... guesses)."""
     folder.mkdir(parents=True, exist_ok=True)
     full = lm_head.shape[0]
-    vocab = training_vocabulary(shards, settings, full, folder)
+    start = starting_head(init, config, full) if init is not None else None
+    vocab = training_vocabulary(shards, settings, full, folder, None if start is None else start["vocab"])
     index = vocabulary_index(vocab, full)
     data = crop_prompts(eagle_sequences(shards), settings.context)
     held = held_out(shards, settings)
     train_ids, eval_ids = (~held).nonzero()[:, 0], held.nonzero()[:, 0]
     head = Eagle3Head(config, embed, vocab, lm_head, norm)
-    start_from_target(head)
+    if start is None:
+        start_from_target(head)
+    else:
+        head.load_state_dict(start)  # bf16 values into the fp32 parameters
     eval_batch = eagle_batch(
         data, eval_ids[:32].tolist(), settings.window, index, 0.0, torch.Generator().manual_seed(0)
     )
@@ -134,7 +161,7 @@ def train_eagle3(
         folder,
         "eagle",
         target_name,
-        {"layer": config.to_dict()},
+        {"layer": config.to_dict(), **({"init": str(init)} if init is not None else {})},
         lm_head,
         vocab,
         shards,
