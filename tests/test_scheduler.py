@@ -193,6 +193,53 @@ def test_a_fault_in_one_sequence_fails_that_request_alone(tiny_target):
     assert scheduler.metrics.failed._value.get() == 1
 
 
+class BrokenDecoder(Decoder):
+    """Raises an unexpected error (not a QuickdraftError) where `at` says, for prompts starting with
+    `marked`: while choosing the request's decoder, in prepare, or out of prefill's own reach."""
+
+    def __init__(self, *args, at: str, marked: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.at, self.marked = at, marked
+
+    def with_method(self, method=None, k=None, **options):
+        if self.at == "decoder":
+            raise RuntimeError("injected fault")
+        return super().with_method(method, k, **options)
+
+    def prepare(self, prompt_ids, *args, **kwargs):
+        generation = super().prepare(prompt_ids, *args, **kwargs)
+        if prompt_ids[0] == self.marked and self.at == "prepare":
+            raise RuntimeError("injected fault")
+        if prompt_ids[0] == self.marked and self.at == "prefill":
+            generation.prompt_length = None  # prefill's grouping compares it: a TypeError no sequence owns
+        return generation
+
+
+@pytest.mark.parametrize("at", ["decoder", "prepare", "prefill"])
+def test_every_admitted_job_ends_whatever_is_raised_while_admitting_it(tiny_target, at):
+    decoder = BrokenDecoder(loaded(tiny_target, "tiny"), None, "prompt-lookup", at=at, marked=PROMPTS[1][0])
+    scheduler = Scheduler(decoder, max_batch=len(PROMPTS))
+    collectors = [Collector() for _ in PROMPTS]
+    for collector, prompt in zip(collectors, PROMPTS):  # k=2 asks for a decoder of its own
+        scheduler.submit(collector.job(prompt, 8, k=2 if prompt is PROMPTS[1] and at == "decoder" else None))
+    scheduler.start()
+    for collector in collectors:
+        assert collector.done.wait(60), "a client waits forever"
+    assert scheduler.alive
+    later = Collector()
+    scheduler.submit(later.job(PROMPTS[0], 8))  # the server goes on serving
+    assert later.done.wait(60) and later.output is not None
+    scheduler.stop()
+    failed = [c for c in collectors if c.error is not None]
+    assert failed and all(
+        c.error[1] == 500 and ("injected fault" in c.error[0] or "NoneType" in c.error[0]) for c in failed
+    )
+    assert collectors[1] in failed
+    if at != "prefill":  # a fault in one request's preparation ends that request alone
+        assert failed == [collectors[1]]
+    assert scheduler.metrics.failed._value.get() == len(failed)
+
+
 def test_memory_is_bounded_whatever_options_requests_ask_for(decoder):
     """Forty distinct k values: request decoders are kept up to a bound, and no KV cache outlives
     its sequence (the backends' weights are shared; a sequence owns only its caches)."""

@@ -172,11 +172,24 @@ class Scheduler:
             except (QuickdraftError, ValueError) as error:  # e.g. an unknown method, a bad temperature
                 job.on_error(str(error), 400)
                 continue
+            except Exception as error:  # a fault of ours: this request ends with it, no client waits on
+                self._fail(job, f"internal error while preparing this request: {error!r}")
+                continue
             joining.append(_Active(job, decoder, generation))
         if joining:
-            prefill([a.generation for a in joining])  # those joining together: one pass
+            try:
+                prefill([a.generation for a in joining])  # those joining together: one pass
+            except Exception as error:  # faults are kept per sequence; one that escapes ends them all
+                for active in joining:
+                    self._fail(active.job, f"internal error while reading this prompt: {error!r}")
+                joining.clear()
             self._active.extend(a for a in joining if not self._failed(a))
         self.metrics.active.set(len(self._active))
+
+    def _fail(self, job: Job, message: str) -> None:
+        """A request ends with a 500 and its reason."""
+        self.metrics.failed.inc()
+        job.on_error(message, 500)
 
     def _drop_cancelled(self) -> None:
         for active in [a for a in self._active if a.job.cancelled.is_set()]:
@@ -189,8 +202,7 @@ class Scheduler:
         error = active.generation.error
         if error is None:
             return False
-        self.metrics.failed.inc()
-        active.job.on_error(f"internal error while decoding this request: {error!r}", 500)
+        self._fail(active.job, f"internal error while decoding this request: {error!r}")
         return True
 
     def _step(self) -> None:
