@@ -29,7 +29,7 @@ from quickdraft.engine import Generation, prefill
 from quickdraft.errors import QuickdraftError
 from quickdraft.methods import MethodConfig, Parts, configure, reads_inner_layers
 from quickdraft.models.loading import LoadedModel, ModelSource, load_model, same_vocabulary
-from quickdraft.options import MODEL_OPTIONS
+from quickdraft.options import MODEL_OPTIONS, current
 from quickdraft.sampling import SamplingParams, TokenLogprob
 from quickdraft.settings import SAMPLING, checked_sampling
 from quickdraft.stats import Stats, StepRecord
@@ -89,6 +89,7 @@ class Decoder:
         else "prompt-lookup"). options: any of quickdraft.options.OPTIONS (precision, backend,
         device, max_ngram, tree_nodes, ...), checked once here. measure_shapes: time this machine's
         fastest pass shapes at load (once, cached) and use them."""
+        options = current(options)  # an option's old name still works, with a warning
         self.target, self.draft = target, draft
         self.config: MethodConfig = configure(method, draft is not None, k=k, **options)
         config = self.config
@@ -168,6 +169,7 @@ class Decoder:
         """Another decoder over the same loaded models, backends and heads (nothing reloads), e.g. a
         baseline. It keeps this decoder's backend, precision and device, and (for the same method)
         its other settings, unless `options` change them."""
+        options = current(options)
         same = method is None or method == self.method
         kept = {name: value for name, value in self.config.given if same or name in MODEL_OPTIONS}
         kept["precision"] = self.precision
@@ -340,6 +342,7 @@ def load(
     "adaptive", "cost"), max_ngram, confidence, layers (self-spec; "auto" calibrates), tree_nodes.
     Every setting is checked before anything loads.
     """
+    options = current(options)  # an option's old name still works, with a warning
     configure(method, draft is not None, k=k, **options)  # a bad setting fails before loading
     target_model = load_model(target, tokenizer, cache_dir)
     draft_model = None

@@ -9,6 +9,7 @@ settings are declared the same way, in settings.py; the Option class is in optio
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from quickdraft.backends.kinds import BACKENDS, all_precisions
 from quickdraft.errors import QuickdraftError
 from quickdraft.option import Option
 
+RENAMED = {"runner": "backend"}  # old name -> new: still taken for one release, with a warning (CHANGELOG.md)
 MAX_K = 64  # draft tokens per pass: beyond this a pass costs more than any draft can repay
 MAX_TREE_NODES = 256
 
@@ -189,6 +191,32 @@ OPTION = {option.name: option for option in OPTIONS}
 MODEL_OPTIONS = tuple(o.name for o in OPTIONS if o.model)
 
 
+def current_name(name: str) -> str:
+    """An option's name today: an old one (RENAMED) warns and gives its new one."""
+    new = RENAMED.get(name)
+    if new is None:
+        return name
+    # FutureWarning, not DeprecationWarning: Python shows it to the people calling the API by default.
+    warnings.warn(
+        f"option {name!r} is deprecated and is now called {new!r}; the old name stops working in the "
+        "next release (see CHANGELOG.md)",
+        FutureWarning,
+        stacklevel=4,
+    )
+    return new
+
+
+def current(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings under today's names (old names warn); an old and a new name for one option is an error."""
+    for old, new in RENAMED.items():
+        if old in settings and new in settings:
+            raise QuickdraftError(f"option {old!r} is the old name of {new!r}; give only {new!r}", old)
+    named = {}
+    for name, value in settings.items():  # a loop, not a comprehension: the warning points at the caller
+        named[current_name(name)] = value
+    return named
+
+
 def check_names(settings: Mapping[str, Any]) -> None:
     unknown = sorted(set(settings) - set(OPTION))
     if unknown:
@@ -217,6 +245,7 @@ def parse_spec(spec: str, expand: bool = False) -> list[tuple[str, str, dict[str
         key, sep, value = item.partition("=")
         if not sep or not value:
             raise QuickdraftError(f"bad method setting {item!r} in {spec!r}; expected key=value")
+        key = current_name(key)
         check_names({key: None})
         values = value.split("/") if expand and OPTION[key].sweeps else [value]
         choices.append([(key, OPTION[key].parse(v)) for v in values])

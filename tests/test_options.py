@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 from conftest import loaded
@@ -125,3 +126,21 @@ def test_with_method_keeps_the_models_and_the_settings_that_apply(tiny_target):
     other = base.with_method("lookahead")  # prompt lookup's own settings do not follow it
     assert other.method == "lookahead" and other.precision == "int4"
     assert other.target_backend is base.target_backend
+
+
+def test_an_old_option_name_works_for_one_release_with_a_warning(tiny_target):
+    """runner= became backend=: code written for the earlier API still runs, and is told."""
+    with pytest.warns(FutureWarning, match="'runner' is deprecated and is now called 'backend'") as told:
+        decoder = Decoder(loaded(tiny_target, "t"), None, "prompt-lookup", runner="hf")
+    assert told[0].filename == __file__  # the warning points at the caller's line
+    assert decoder.backend_kind == "hf" and decoder.config.backend == "hf"
+    with pytest.warns(FutureWarning):
+        assert decoder.with_method(runner="native").backend_kind == "native"
+    with pytest.warns(FutureWarning):
+        assert parse_spec("prompt-lookup:runner=hf") == [
+            ("prompt-lookup:backend=hf", "prompt-lookup", {"backend": "hf"})
+        ]
+    with pytest.raises(QuickdraftError, match="old name of 'backend'"):
+        Decoder(loaded(tiny_target, "t"), None, runner="hf", backend="native")
+    changelog = (Path(__file__).resolve().parents[1] / "CHANGELOG.md").read_text()
+    assert "`runner`" in changelog and "`backend`" in changelog
