@@ -347,8 +347,20 @@ def test_api_key_and_host_header(decoder):
         rebound = httpx.get(guarded.url + "/health", headers={"host": "attacker.example:8000"})
         assert rebound.status_code == 400 and rebound.json()["error"]["code"] == "invalid_host"
         assert httpx.get(guarded.url.replace("127.0.0.1", "localhost") + "/health").status_code == 200
+        # HTTP/1.0 with no Host header cannot be a rebinding attack: answered; with a foreign Host it is not.
+        assert raw_status(guarded.url, b"GET /health HTTP/1.0\r\n\r\n") == 200
+        assert raw_status(guarded.url, b"GET /health HTTP/1.0\r\nHost: attacker.example\r\n\r\n") == 400
+        assert raw_status(guarded.url, b"GET /health HTTP/1.0\r\nHost:\r\n\r\n") == 400  # there, but empty
     finally:
         guarded.stop()
+
+
+def raw_status(url: str, request: bytes) -> int:
+    """The status line's code of a request written byte for byte (what httpx would not send)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(request)
+        return int(connection.makefile("rb").readline().split()[1])
 
 
 def test_malformed_json_and_chat_without_messages(server, decoder):

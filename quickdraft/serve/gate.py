@@ -76,7 +76,12 @@ class Gate:
         await self.app(scope, _replay(body, receive), send)
 
     def _refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, dict, dict] | None:
-        if self.allowed_hosts is not None and host_name(headers.get("host", "")) not in self.allowed_hosts:
+        # No Host at all (HTTP/1.0) cannot be DNS rebinding: a browser always names the host it thinks it reaches.
+        if (
+            self.allowed_hosts is not None
+            and "host" in headers
+            and host_name(headers["host"]) not in self.allowed_hosts
+        ):
             return (
                 400,
                 error_body(
