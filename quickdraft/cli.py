@@ -16,6 +16,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.flags import add_flag, add_option_flags, given_options
 from quickdraft.methods import METHODS
 from quickdraft.options import OPTION
+from quickdraft.serve.connections import BODY_SECONDS, HEADER_SECONDS, PER_CLIENT
 from quickdraft.settings import RUN, SAMPLING, SAMPLING_SETTINGS
 
 if TYPE_CHECKING:
@@ -113,6 +114,21 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
         type=float,
         default=30.0,
         help="on shutdown, how long running requests may finish (then they end with a 503)",
+    )
+    serve.add_argument(
+        "--header-seconds",
+        type=float,
+        default=HEADER_SECONDS,
+        help="a request's headers must arrive within this after connecting or the last answer (then 408)",
+    )
+    serve.add_argument(
+        "--body-seconds", type=float, default=BODY_SECONDS, help="a request's body must arrive within this (then 408)"
+    )
+    serve.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=PER_CLIENT,
+        help="connections open at once from one client address (more are refused with a 429)",
     )
     serve.add_argument(
         "--api-key",
@@ -552,6 +568,9 @@ def _serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_tokens_limit=args.max_tokens_limit,
         drain_seconds=args.drain_seconds,
+        header_seconds=args.header_seconds,
+        body_seconds=args.body_seconds,
+        max_connections_per_client=args.max_connections_per_client,
         max_body_bytes=args.max_body_bytes,
         api_key=args.api_key or None,
         allowed_hosts=allowed_hosts(args.host, args.allowed_host),
@@ -587,7 +606,7 @@ def _serve_here(args: argparse.Namespace, settings: ServerSettings) -> int:
         f"on http://{args.host}:{args.port}/v1" + (" (API key required)" if args.api_key else ""),
         file=sys.stderr,
     )
-    DrainingServer(app, args.host, args.port).run()
+    DrainingServer(app, args.host, args.port, settings.connection_limits).run()
     return 0
 
 

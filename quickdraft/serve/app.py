@@ -14,6 +14,7 @@ from quickdraft.memory import loaded_memory
 from quickdraft.serve.admission import Admission
 from quickdraft.serve.answer import Answers
 from quickdraft.serve.api_errors import add_error_handlers
+from quickdraft.serve.connections import BODY_SECONDS
 from quickdraft.serve.gate import LOOPBACK_HOSTS, Gate
 from quickdraft.serve.metrics import ServerMetrics
 from quickdraft.serve.routes import add_openai_routes, add_playground_routes, add_quickdraft_routes, add_service_routes
@@ -33,6 +34,7 @@ def create_app(
     api_key: str | None = None,
     allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS,
     metrics_page: Callable[[], Awaitable[bytes]] | None = None,
+    body_seconds: float = BODY_SECONDS,
 ) -> FastAPI:
     """A FastAPI app serving `decoder`'s target under `model_name` (default: its name).
 
@@ -41,7 +43,8 @@ def create_app(
     shutdown lets running requests finish (then they end with a 503); max_body_bytes: larger
     bodies get a 413; api_key: required as a bearer token (None: open); allowed_hosts: the Host
     names answered (None: any; the default suits a server bound to the loopback address);
-    metrics_page: what /metrics shows (None: this server's metrics; on Ray Serve, every replica's)."""
+    metrics_page: what /metrics shows (None: this server's metrics; on Ray Serve, every replica's);
+    body_seconds: a request's body must all arrive within this (then 408)."""
     name = model_name or decoder.target.name
     metrics = ServerMetrics()
     metrics.record_memory(loaded_memory(decoder, max_batch))
@@ -58,6 +61,7 @@ def create_app(
         api_key=api_key,
         allowed_hosts=allowed_hosts,
         on_refused=lambda status: metrics.requests.labels("gate", str(status)).inc(),
+        body_seconds=body_seconds,
     )
     add_error_handlers(app)
     add_service_routes(app, name, scheduler, metrics, metrics_page)

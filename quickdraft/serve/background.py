@@ -14,6 +14,8 @@ from typing import TypeVar
 import uvicorn
 from fastapi import FastAPI
 
+from quickdraft.serve.connections import DEFAULT_LIMITS, ConnectionLimits, guarded_protocol
+
 T = TypeVar("T")
 GRACE_SECONDS = 5.0  # after the drain: for handlers to send their last bytes before uvicorn cancels them
 
@@ -34,9 +36,23 @@ class DrainingServer(uvicorn.Server):
     503, their handlers return, and then uvicorn closes what is left (uvicorn alone would wait
     for every handler before the app's own drain could start)."""
 
-    def __init__(self, app: FastAPI, host: str, port: int, log_level: str = "warning") -> None:
+    def __init__(
+        self,
+        app: FastAPI,
+        host: str,
+        port: int,
+        limits: ConnectionLimits = DEFAULT_LIMITS,
+        log_level: str = "warning",
+    ) -> None:
         super().__init__(
-            uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=GRACE_SECONDS)
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_level=log_level,
+                timeout_graceful_shutdown=GRACE_SECONDS,
+                http=guarded_protocol(limits),  # slow headers and crowds from one address are bounded
+            )
         )
         self.app = app
 
@@ -51,12 +67,12 @@ class DrainingServer(uvicorn.Server):
 class BackgroundServer:
     """`app` served on 127.0.0.1 in a thread until stop(), which drains as `quickdraft serve` does."""
 
-    def __init__(self, app: FastAPI, start_timeout: float = 30.0) -> None:
+    def __init__(self, app: FastAPI, start_timeout: float = 30.0, limits: ConnectionLimits = DEFAULT_LIMITS) -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.app = app
-        self.server = DrainingServer(app, "127.0.0.1", self.port)
+        self.server = DrainingServer(app, "127.0.0.1", self.port, limits)
         self.thread = threading.Thread(target=self.server.run, name="quickdraft-http", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + start_timeout

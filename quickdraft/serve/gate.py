@@ -1,4 +1,4 @@
-"""What every HTTP request passes before the app sees it: the Host header, the API key, the body size.
+"""What every HTTP request passes before the app sees it: the Host header, the API key, the body's size and time.
 
 A plain ASGI middleware, so a refused request costs nothing: a body over the limit is refused
 from its Content-Length, or as soon as the bytes received pass the limit (chunked uploads), and
@@ -7,10 +7,12 @@ is never held whole in memory. Refusals are OpenAI-shaped JSON like every other 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from collections.abc import Awaitable, Callable
 
+from quickdraft.serve.connections import BODY_SECONDS
 from quickdraft.serve.protocol import error_body
 
 Scope = dict
@@ -45,7 +47,8 @@ def host_name(header: str) -> str:
 class Gate:
     """Refuses, before the app runs: a Host not in `allowed_hosts` (400: closes DNS rebinding;
     None allows any), a missing or wrong bearer key when `api_key` is set (401, except OPEN_PATHS),
-    and a body over `max_body_bytes` (413). on_refused(status) counts each refusal."""
+    a body over `max_body_bytes` (413), and a body not all in within `body_seconds` (408).
+    on_refused(status) counts each refusal."""
 
     def __init__(
         self,
@@ -54,8 +57,10 @@ class Gate:
         api_key: str | None = None,
         allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS,
         on_refused: Callable[[int], None] = lambda status: None,
+        body_seconds: float = BODY_SECONDS,
     ) -> None:
         self.app, self.max_body_bytes, self.api_key = app, max_body_bytes, api_key
+        self.body_seconds = body_seconds
         self.allowed_hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
         self.on_refused = on_refused
 
@@ -112,10 +117,21 @@ class Gate:
         )
 
     async def _read_body(self, receive: Receive) -> tuple[bytes, tuple | None]:
-        """The whole body, or a refusal as soon as it passes the limit."""
+        """The whole body, or a refusal as soon as it passes the size limit or its time is up (one
+        deadline for the whole body: a client trickling a byte at a time cannot hold it open)."""
         chunks, size = [], 0
+        deadline = asyncio.get_running_loop().time() + self.body_seconds
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+            except asyncio.TimeoutError:
+                return b"", (
+                    408,
+                    error_body(
+                        f"the request body did not arrive within {self.body_seconds:g} s", code="request_timeout"
+                    ),
+                    {"connection": "close"},
+                )
             if message["type"] != "http.request":
                 return b"", None  # the client left: the app sees an empty body and then the disconnect
             chunk = message.get("body", b"")

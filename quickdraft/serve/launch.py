@@ -13,6 +13,7 @@ from quickdraft.decoder import Decoder
 from quickdraft.errors import QuickdraftError
 from quickdraft.serve.app import MAX_BODY_BYTES, create_app
 from quickdraft.serve.background import in_passing_thread
+from quickdraft.serve.connections import BODY_SECONDS, HEADER_SECONDS, PER_CLIENT, ConnectionLimits
 from quickdraft.serve.gate import LOOPBACK_HOSTS
 
 
@@ -30,17 +31,28 @@ class ServerSettings:
     max_queue: int = 64
     max_tokens_limit: int = 2048
     drain_seconds: float = 30.0
+    header_seconds: float = HEADER_SECONDS
+    body_seconds: float = BODY_SECONDS
+    max_connections_per_client: int = PER_CLIENT
     max_body_bytes: int = MAX_BODY_BYTES
     api_key: str | None = None
     allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS
     threads: int | None = None  # torch threads (None: torch's default)
 
     def __post_init__(self) -> None:
-        for name in ("max_batch", "max_queue", "max_tokens_limit", "max_body_bytes"):
+        for name in ("max_batch", "max_queue", "max_tokens_limit", "max_body_bytes", "max_connections_per_client"):
             if getattr(self, name) < 1:
                 raise QuickdraftError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.drain_seconds < 0:
             raise QuickdraftError(f"--drain-seconds must be >= 0, got {self.drain_seconds}")
+        for name in ("header_seconds", "body_seconds"):
+            if not getattr(self, name) > 0:
+                raise QuickdraftError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+
+    @property
+    def connection_limits(self) -> ConnectionLimits:
+        """What the HTTP server bounds per connection (the body's time is the app's gate's)."""
+        return ConnectionLimits(self.header_seconds, self.max_connections_per_client)
         if self.threads is not None and self.threads < 1:
             raise QuickdraftError(f"--threads must be >= 1, got {self.threads}")
 
@@ -74,4 +86,5 @@ def server_app(
         settings.api_key or None,
         settings.allowed_hosts,
         metrics_page,
+        settings.body_seconds,
     )
