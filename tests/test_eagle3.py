@@ -91,6 +91,11 @@ def test_unrolled_steps_equal_drafting_with_a_cache():
 # --- training and saving on a tiny target -----------------------------------------------------
 
 
+def target_tables(target) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The target's LM head, final norm and embedding weights: what a head trains over."""
+    return target.lm_head.weight.detach(), target.model.norm.weight.detach(), target.model.embed_tokens.weight.detach()
+
+
 @pytest.fixture(scope="module")
 def fused(tiny_target, tmp_path_factory):
     """Features of a repeating text at the tiny target's layers (0, 1, 1), and the head's config."""
@@ -108,11 +113,7 @@ def fused(tiny_target, tmp_path_factory):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_training_improves_held_out_top1_at_every_depth_and_saves(tiny_target, fused, tmp_path, precision):
     shards, config = fused
-    tables = (
-        tiny_target.lm_head.weight.detach(),
-        tiny_target.model.norm.weight.detach(),
-        tiny_target.model.embed_tokens.weight.detach(),
-    )
+    tables = target_tables(tiny_target)
     fresh = train_eagle3(
         shards, *tables, config, tmp_path / "fresh", TrainSettings(steps=1, lr=0.0, unroll=3), "tiny", progress=False
     )
@@ -143,11 +144,7 @@ def test_training_improves_held_out_top1_at_every_depth_and_saves(tiny_target, f
 
 def test_auto_precision_is_measured_once_per_run_folder_and_recorded(tiny_target, fused, tmp_path):
     shards, config = fused
-    tables = (
-        tiny_target.lm_head.weight.detach(),
-        tiny_target.model.norm.weight.detach(),
-        tiny_target.model.embed_tokens.weight.detach(),
-    )
+    tables = target_tables(tiny_target)
     settings = TrainSettings(steps=2, sequences=2, window=32, unroll=2)  # precision "auto"
     result = train_eagle3(shards, *tables, config, tmp_path, settings, "tiny", progress=False)
     assert result["settings"]["precision"] in PRECISIONS
@@ -164,11 +161,7 @@ def test_auto_precision_is_measured_once_per_run_folder_and_recorded(tiny_target
 
 def test_a_run_resumed_on_other_data_keeps_the_vocabulary_its_head_learned(tiny_target, fused, tmp_path):
     shards, config = fused
-    tables = (
-        tiny_target.lm_head.weight.detach(),
-        tiny_target.model.norm.weight.detach(),
-        tiny_target.model.embed_tokens.weight.detach(),
-    )
+    tables = target_tables(tiny_target)
     settings = TrainSettings(steps=2, sequences=2, window=32, unroll=2, vocab=6, precision="fp32")
     train_eagle3(shards, *tables, config, tmp_path, settings, "tiny", progress=False)
     first = load_eagle(tmp_path, tables[0], tables[2])
@@ -185,11 +178,7 @@ def test_a_run_resumed_on_other_data_keeps_the_vocabulary_its_head_learned(tiny_
 def test_a_run_can_fine_tune_a_saved_head(tiny_target, fused, tmp_path):
     """--init: the run starts from the head's weights and keeps its draft vocabulary, whatever data it reads."""
     shards, config = fused
-    tables = (
-        tiny_target.lm_head.weight.detach(),
-        tiny_target.model.norm.weight.detach(),
-        tiny_target.model.embed_tokens.weight.detach(),
-    )
+    tables = target_tables(tiny_target)
     settings = TrainSettings(steps=40, sequences=4, window=64, lr=3e-3, unroll=2, vocab=6, precision="fp32")
     first = train_eagle3(shards, *tables, config, tmp_path / "first", settings, "tiny", progress=False)
     full = tables[0].shape[0]
@@ -219,11 +208,7 @@ def test_a_run_can_fine_tune_a_saved_head(tiny_target, fused, tmp_path):
 def test_training_on_a_gpu_learns_and_saves_a_head_that_loads_on_the_cpu(tiny_target, fused, tmp_path):
     # `quickdraft train --device cuda`: batches drawn on the CPU, the head trained on the GPU.
     shards, config = fused
-    tables = (
-        tiny_target.lm_head.weight.detach(),
-        tiny_target.model.norm.weight.detach(),
-        tiny_target.model.embed_tokens.weight.detach(),
-    )
+    tables = target_tables(tiny_target)
     fresh = train_eagle3(
         shards,
         *tables,
@@ -243,11 +228,7 @@ def test_training_on_a_gpu_learns_and_saves_a_head_that_loads_on_the_cpu(tiny_ta
 
 def test_eagle3_heads_are_refused_where_they_cannot_run(tiny_target, fused, tmp_path):
     shards, config = fused
-    tables = (
-        tiny_target.lm_head.weight.detach(),
-        tiny_target.model.norm.weight.detach(),
-        tiny_target.model.embed_tokens.weight.detach(),
-    )
+    tables = target_tables(tiny_target)
     train_eagle3(shards, *tables, config, tmp_path / "h", TrainSettings(steps=2, unroll=2), "t", progress=False)
     with pytest.raises(QuickdraftError, match="own LM head"):
         Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(tmp_path / "h"), full_vocab=True)
