@@ -48,13 +48,13 @@ class ServerSettings:
         for name in ("header_seconds", "body_seconds"):
             if not getattr(self, name) > 0:
                 raise QuickdraftError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise QuickdraftError(f"--threads must be >= 1, got {self.threads}")
 
     @property
     def connection_limits(self) -> ConnectionLimits:
         """What the HTTP server bounds per connection (the body's time is the app's gate's)."""
         return ConnectionLimits(self.header_seconds, self.max_connections_per_client)
-        if self.threads is not None and self.threads < 1:
-            raise QuickdraftError(f"--threads must be >= 1, got {self.threads}")
 
 
 def load_decoder(settings: ServerSettings) -> Decoder:
