@@ -29,6 +29,7 @@ from quickdraft.engine import Generation, prefill
 from quickdraft.errors import QuickdraftError
 from quickdraft.methods import MethodConfig, Parts, configure, reads_inner_layers
 from quickdraft.models.loading import LoadedModel, ModelSource, load_model, same_vocabulary
+from quickdraft.noise import PositionNoise
 from quickdraft.options import MODEL_OPTIONS, current
 from quickdraft.sampling import SamplingParams, TokenLogprob
 from quickdraft.settings import SAMPLING, checked_sampling
@@ -262,6 +263,7 @@ class Decoder:
             eos_ids=self.eos_ids,
             text=stream,
             logprobs=logprobs,
+            noise=PositionNoise(seed, self.target_backend.vocab_size) if self.config.sampler == "gumbel" else None,
         )
 
     def start(

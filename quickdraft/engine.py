@@ -30,6 +30,7 @@ import torch
 from quickdraft.backends.backend import Backend, PassOutput, SeqPass
 from quickdraft.draft_length import DraftLength
 from quickdraft.drafters.drafter import Draft, Drafter, DraftRequest, StepOutcome
+from quickdraft.noise import PositionNoise
 from quickdraft.sampling import SamplingParams, token_logprobs
 from quickdraft.stats import Stats, StepRecord
 from quickdraft.text import TextStream
@@ -57,7 +58,9 @@ class Generation:
     """One sequence being decoded. Step it (alone or with others) until done; read tokens and stats.
 
     text: the stream that detokenizes the new tokens and ends the sequence at a stop string
-    (None: no stop strings and nobody reading text as it comes)."""
+    (None: no stop strings and nobody reading text as it comes). noise: sampled tokens are
+    argmax(log p + g) with this noise, drawn from (seed, position) alone, so the text is the same
+    whatever is drafted (None: greedy, or rejection sampling with `generator`)."""
 
     def __init__(
         self,
@@ -72,6 +75,7 @@ class Generation:
         eos_ids: frozenset[int] = frozenset(),
         text: TextStream | None = None,
         logprobs: int | None = None,
+        noise: PositionNoise | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
@@ -79,6 +83,7 @@ class Generation:
         self.max_new_tokens = max_new_tokens
         self.sampling = sampling
         self.generator = generator
+        self.noise = None if sampling.greedy else noise
         self.eos_ids = eos_ids
         self.text = text
         self.logprobs = logprobs  # alternatives to report with each token's log-probability (None: none)
@@ -127,7 +132,8 @@ class Generation:
         # Drafts past the end of the output can never be used; the target pass yields one more.
         reach = max(0, min(remaining - 1, room))
         k = min(self.draft_length.next_k(), reach)
-        return k, room, DraftRequest(self.draft_state, self.tokens, k, self.sampling, self.generator, reach)
+        request = DraftRequest(self.draft_state, self.tokens, k, self.sampling, self.generator, reach, self.noise)
+        return k, room, request
 
     def lay_out(self, k: int, room: int, draft: Draft, draft_time: float) -> PassLayout:
         """The target pass that verifies `draft`: inputs, positions and mask."""
@@ -161,10 +167,15 @@ class Generation:
         start = time.perf_counter()
         draft, root = layout.draft, layout.root
         m = len(draft.tokens)
+        gumbel = None
+        if self.noise is not None:  # [D+1, V] the noise of every position a row predicts
+            gumbel = self.noise.rows(list(range(root + 1, root + 2 + max(depths(layout.parents), default=0))))
         verdict: Verdict = verify_tree(
-            draft.tokens, layout.parents, output.logits[: m + 1], self.sampling, self.generator, draft.probs
+            draft.tokens, layout.parents, output.logits[: m + 1], self.sampling, self.generator, draft.probs, gumbel
         )
         emitted = self._emit([*(draft.tokens[i] for i in verdict.path), verdict.next_token])
+        if self.noise is not None:
+            self.noise.forget_before(len(self.tokens))
         # Row 0 (the root) predicted the first proposed token, the row of each accepted node the next.
         rows = [0, *(1 + i for i in verdict.path)][: len(emitted)]
         logprobs = None if self.logprobs is None else token_logprobs(output.logits[rows], emitted, self.logprobs)

@@ -74,6 +74,7 @@ class MethodConfig:
     tree: str
     lookup: bool
     full_vocab: bool
+    sampler: str
     backend: str
     precision: str | None
     device: str

@@ -20,6 +20,7 @@ from quickdraft.option import Option
 RENAMED = {"runner": "backend"}  # old name -> new: still taken for one release, with a warning (CHANGELOG.md)
 MAX_K = 64  # draft tokens per pass: beyond this a pass costs more than any draft can repay
 MAX_TREE_NODES = 256
+SAMPLERS = ("gumbel", "rejection")
 
 
 def parse_layers(text: str) -> int | list[int] | str:
@@ -149,6 +150,16 @@ OPTIONS: tuple[Option, ...] = (
         kind=bool,
         default=False,
         methods=HEADS,
+    ),
+    Option(
+        "sampler",
+        "sampled decoding (temperature > 0): gumbel (each position's random numbers come from the seed and "
+        "the position alone, so a seed gives plain decoding's text whatever the method, K, batch or load) or "
+        "rejection (speculative sampling's min(1, p/q) test: the same distribution, but the text follows how "
+        "many tokens were drafted)",
+        kind=str,
+        default="gumbel",
+        choices=SAMPLERS,
     ),
     Option(
         "backend",

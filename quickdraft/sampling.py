@@ -87,6 +87,14 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
+def gumbel_pick(probs: torch.Tensor, gumbel: torch.Tensor) -> int:
+    """argmax(log p + g) of a [V] distribution and [V'] noise: an exact sample of p (the Gumbel-max
+    trick) whose only randomness is g. Ids p lacks noise for (V > V') are never picked, nor ids p
+    gives no mass (filtered by top-k or top-p: log 0 = -inf)."""
+    n = min(probs.shape[-1], gumbel.shape[-1])
+    return int((probs[:n].log() + gumbel[:n]).argmax())
+
+
 def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
     """The token to emit from [V] logits: argmax when greedy, else a sample of the processed distribution."""
     if params.greedy:

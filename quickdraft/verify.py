@@ -11,11 +11,12 @@ Worked example (greedy): draft [5, 9, 2], target argmax at the 4 positions [5, 9
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from quickdraft.sampling import SamplingParams, logits_to_probs, sample
+from quickdraft.sampling import SamplingParams, gumbel_pick, logits_to_probs, sample
 from quickdraft.tree import chain_parents, children
 
 
@@ -35,11 +36,13 @@ def verify(
     target_logits: torch.Tensor,
     params: SamplingParams,
     generator: torch.Generator,
+    gumbel: torch.Tensor | None = None,
 ) -> Verdict:
-    """Verify a chain of drafts. draft_tokens [K], draft_probs [K, V] or None, target_logits [K+1, V]."""
+    """Verify a chain of drafts. draft_tokens [K], draft_probs [K, V] or None, target_logits [K+1, V],
+    gumbel [K+1, V] or None (the noise at each row's next position, see verify_tree)."""
     k = draft_tokens.shape[0]
     assert target_logits.shape[0] == k + 1, "the target scores the last token plus every draft"
-    return verify_tree(draft_tokens.tolist(), chain_parents(k), target_logits, params, generator, draft_probs)
+    return verify_tree(draft_tokens.tolist(), chain_parents(k), target_logits, params, generator, draft_probs, gumbel)
 
 
 def verify_tree(
@@ -49,23 +52,28 @@ def verify_tree(
     params: SamplingParams,
     generator: torch.Generator,
     draft_probs: torch.Tensor | None = None,
+    gumbel: torch.Tensor | None = None,
 ) -> Verdict:
     """Verify a tree of drafts (see tree.py); target_logits [M+1, V]: row 0 at the root, row
     i + 1 after node i. draft_probs [M, V'] (V' <= V): the q each node was drawn from, siblings
     independently; None: every node deterministic (one-hot q).
 
     Greedy: follow the child that equals the target's argmax; emit the argmax where none does.
-    Sampling: recursive rejection sampling over the siblings (SpecInfer, Miao et al. 2024; for
+    Gumbel (sampling with gumbel [D+1, V]: the noise of the positions 1..D+1 past the root, see
+    noise.py; a node at depth d predicts position d + 1): the target's pick at a row is
+    argmax(log p + g), an exact sample of p fixed by the noise alone; then as greedy. The text is
+    plain decoding's with the same noise, whatever was drafted.
+    Sampling without gumbel: recursive rejection sampling over the siblings (SpecInfer, Miao et al. 2024; for
     a chain it is Leviathan et al. 2023): try child x with probability min(1, p(x)/q(x)); after
     a rejection p <- norm(max(0, p - q)), so a one-hot sibling repeating a rejected token can
     never pass; the recovered token comes from what is left of p. Lossless for any tree.
     """
     kids = children(parents)
     node, path = -1, []  # -1 is the root
-    if params.greedy:
-        choices = target_logits.argmax(-1).tolist()  # the target's pick at every row: one read from the device
+    if params.greedy or gumbel is not None:
+        pick = target_picks(target_logits, params, gumbel)
         while True:
-            choice = choices[node + 1]
+            choice = pick(node + 1, len(path))
             nxt = next((c for c in kids[node + 1] if draft_tokens[c] == choice), None)
             if nxt is None:
                 return Verdict(len(path), choice, bonus=not kids[node + 1], path=tuple(path))
@@ -86,6 +94,19 @@ def verify_tree(
             return Verdict(len(path), sample(p, generator), bonus=not kids[node + 1], path=tuple(path))
         path.append(nxt)
         node = nxt
+
+
+def target_picks(
+    target_logits: torch.Tensor, params: SamplingParams, gumbel: torch.Tensor | None
+) -> Callable[[int, int], int]:
+    """(row, its depth) -> the target's token there: greedy's argmax, or argmax(log p + g) with the
+    noise of that depth. Greedy reads every row from the device at once; Gumbel processes (top-k,
+    top-p) only the rows the walk visits."""
+    if params.greedy:
+        picks = target_logits.argmax(-1).tolist()  # [M+1]
+        return lambda row, depth: picks[row]
+    rows = target_logits.float().cpu()  # [M+1, V]
+    return lambda row, depth: gumbel_pick(logits_to_probs(rows[row], params), gumbel[depth])
 
 
 def acceptance(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:

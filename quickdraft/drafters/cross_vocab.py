@@ -25,7 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from quickdraft.backends.backend import Backend, Cache, SeqPass
 from quickdraft.drafters.drafter import Draft, DraftRequest, SequenceDrafter, StepOutcome
-from quickdraft.sampling import logits_to_probs, sample
+from quickdraft.sampling import gumbel_pick, logits_to_probs, sample
 
 BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
 
@@ -195,7 +195,11 @@ class CrossVocabDrafter(SequenceDrafter):
                 top = torch.softmax(logits, -1)[token] if self.confidence is not None else None
             else:
                 q = logits_to_probs(logits.cpu(), request.sampling)  # [V'], processed exactly like p
-                token = sample(q, request.generator)
+                if request.noise is None:
+                    token = sample(q, request.generator)
+                else:  # each draft id reads the noise of the target id it drafts
+                    position = len(request.tokens) + len(targets)
+                    token = gumbel_pick(q, request.noise.rows([position])[0][self.vocab.draft_to_target.clamp_min(0)])
                 spread = torch.zeros(self.target_vocab)  # q over the target's ids: the same numbers, moved
                 spread[self.shared_targets] = q[self.shared_ids]
                 probs.append(spread)

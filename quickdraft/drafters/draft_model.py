@@ -11,7 +11,7 @@ import torch
 
 from quickdraft.backends.backend import Backend, Cache, SeqPass
 from quickdraft.drafters.drafter import Draft, DraftRequest, StepOutcome
-from quickdraft.sampling import logits_to_probs, sample
+from quickdraft.sampling import gumbel_pick, logits_to_probs, sample
 
 
 @dataclass
@@ -71,7 +71,10 @@ class DraftModelDrafter:
                     top = torch.softmax(logits[row], dim=-1)[token] if self.confidence is not None else None
                 else:
                     q = logits_to_probs(logits[row].cpu(), r.sampling)  # [V'], processed exactly like p
-                    token = sample(q, r.generator)
+                    if r.noise is None:
+                        token = sample(q, r.generator)
+                    else:  # the target's noise at this position: the guess its own pick is likeliest to equal
+                        token = gumbel_pick(q, r.noise.rows([len(r.tokens) + len(drafts[i].tokens)])[0])
                     probs[i].append(q)
                     top = q.max()
                 drafts[i].tokens.append(token)

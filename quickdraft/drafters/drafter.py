@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
+from quickdraft.noise import PositionNoise
 from quickdraft.sampling import SamplingParams
 from quickdraft.tree import chain_parents, depths
 
@@ -81,6 +82,7 @@ class DraftRequest:
     sampling: SamplingParams
     generator: torch.Generator
     reach: int | None = None  # the deepest a path can still be of use (the output's or the cache's end); None: k
+    noise: PositionNoise | None = None  # sampling by Gumbel-max: the target's noise, to draft argmax(log q + g)
 
 
 @dataclass
