@@ -116,6 +116,21 @@ def test_greedy_speculation_across_vocabularies_equals_plain_greedy(pair, k):
     assert_speculated(outputs)  # the test must exercise accepted drafts
 
 
+@pytest.mark.speculation
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_seeded_sampling_across_vocabularies_equals_plain_seeded_decoding(pair, k):
+    # The draft reads the target's noise at the target id each of its ids drafts.
+    target, draft = pair
+    sampled = dict(temperature=0.7, seed=4)
+    plain = Decoder(target, None, "none", measure_shapes=False)
+    spec = Decoder(target, draft, "draft", k, measure_shapes=False, draft_length="adaptive")
+    outputs = []
+    for prompt in ([0, 1, 2, 3], [6, 7, 5, 4, 0], [2]):
+        outputs.append(spec.generate(prompt, max_new_tokens=37, **sampled))
+        assert outputs[-1].token_ids == plain.generate(prompt, max_new_tokens=37, **sampled).token_ids
+    assert_speculated(outputs)
+
+
 @pytest.mark.chance
 @pytest.mark.speculation
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=4)])

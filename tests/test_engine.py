@@ -13,14 +13,16 @@ from quickdraft import Decoder
 from quickdraft.backends.backend import SeqPass
 from quickdraft.draft_length import FixedK
 from quickdraft.engine import Generation, prefill, step
+from quickdraft.options import SAMPLERS
 from quickdraft.sampling import SamplingParams, logits_to_probs
 
 PROMPTS = [[1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [30, 4, 17, 30, 4], LOOPING]  # LOOPING: drafts get accepted
 
 
-def make_decoder(target, draft, method: str, k: int | None = None, device: str = "cpu") -> Decoder:
+def make_decoder(target, draft, method: str, k: int | None = None, device: str = "cpu", **options) -> Decoder:
     draft_model = loaded(draft, "draft") if method == "draft" else None
-    options = {"layers": 1} if method == "self-spec" else {}  # the tiny models have 2 layers
+    if method == "self-spec":
+        options["layers"] = 1  # the tiny models have 2 layers
     if method != "none":  # drafts every step: the cost model may choose K = 0 on tiny models (test_draft_length)
         options["draft_length"] = "fixed"
     return Decoder(loaded(target, "target"), draft_model, method, k, device=device, **options)
@@ -180,12 +182,14 @@ DISTRIBUTION_CASES = [
 @pytest.mark.chance
 @pytest.mark.speculation
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("method,k,params", DISTRIBUTION_CASES)
-def test_sampled_output_follows_target_distribution(small_target, small_draft, method, k, params, device):
+def test_sampled_output_follows_target_distribution(small_target, small_draft, method, k, params, sampler, device):
     # Repeats what the target continues with (0 after 2 3, p = 0.72): prompt lookup's drafts get
-    # accepted (after [1, 2, 3, 1, 2, 3, 1] its 2 had p = 0.01, outside top-k 3).
+    # accepted (after [1, 2, 3, 1, 2, 3, 1] its 2 had p = 0.01, outside top-k 3). Both samplers:
+    # Gumbel-max over noise from each run's seed, and rejection sampling.
     prompt = [2, 3, 0, 0, 2, 3]
-    decoder = make_decoder(small_target, small_draft, method, k, device)
+    decoder = make_decoder(small_target, small_draft, method, k, device, sampler=sampler)
     counts = sampled_joint(decoder, prompt, params, k)
     expected = exact_joint(small_target, prompt, params)
     assert chi_square_p_value(counts, expected) > 1e-3

@@ -77,6 +77,28 @@ def test_every_drafter_equals_plain_greedy(random_ggufs, cache, arch, kind, back
             assert_speculated(outputs, REAL_VOCAB_RATE, label=method)
 
 
+@pytest.mark.speculation
+@pytest.mark.parametrize("backend", ["llama.cpp", "native"])
+@pytest.mark.parametrize("arch", list(RANDOM_SHAPES))
+def test_every_drafter_sampled_with_a_seed_equals_plain_seeded_decoding(random_ggufs, cache, arch, backend, tmp_path):
+    target = load(random_ggufs, cache, arch, "Q4_K_M")
+    draft = load(random_ggufs, cache, arch, "Q4_0")
+    sampled = dict(max_new_tokens=40, chat=False, temperature=0.5, top_p=0.95, seed=21)
+    plain = decoder(target, "none", backend, cache)
+    expected = [plain.generate(p, **sampled).token_ids for p in PROMPTS]
+    heads = {
+        "eagle": {"head": str(eagle1_head(target, tmp_path / "eagle"))},
+        "medusa": {"head": str(medusa_heads(target, tmp_path / "medusa"))},
+    }
+    for method in DRAFTERS:
+        fast = decoder(target, method, backend, cache, draft if method == "draft" else None, **heads.get(method, {}))
+        outputs = [fast.generate(p, **sampled) for p in PROMPTS]
+        for prompt, want, got in zip(PROMPTS, expected, outputs):
+            assert got.token_ids == want, (arch, backend, method, prompt)
+        if method not in ("lookahead", "eagle", "medusa"):  # untrained heads and a random text's pool: see above
+            assert_speculated(outputs, REAL_VOCAB_RATE, label=method)
+
+
 @pytest.mark.chance
 @pytest.mark.speculation
 @pytest.mark.parametrize("arch", list(RANDOM_SHAPES))

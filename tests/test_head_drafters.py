@@ -10,6 +10,7 @@ from stats_util import chi_square_p_value, sample_batched
 
 from quickdraft import Decoder
 from quickdraft.drafters.tree_record import TreeRecord
+from quickdraft.engine import prefill, step
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.config import Eagle3Config
 from quickdraft.sampling import SamplingParams, logits_to_probs
@@ -166,6 +167,37 @@ def test_missing_or_mismatched_heads_are_refused(tiny_target, heads, tmp_path):
         Decoder(loaded(other, "other"), None, "eagle", head=str(heads / "eagle"))
     with pytest.raises(QuickdraftError, match="tree_nodes must be in 1..256, got 0"):
         Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(heads / "eagle"), tree_nodes=0)
+
+
+@pytest.mark.speculation
+@pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
+def test_seeded_sampling_with_heads_equals_plain_seeded_decoding(tiny_target, heads, method):
+    # Trees of every size, sized by the head or fixed, alone and batched: the text is the plain text of the seed.
+    sampled = dict(temperature=0.6, top_k=12, seed=11)
+    plain = Decoder(loaded(tiny_target, "t"), None, "none")
+    prompts = [[2, 7, 1, 8], [29, 14, 21, 2, 8, 19], [5, 5, 3]]
+    expected = [plain.generate(p, 30, **sampled).token_ids for p in prompts]
+    outputs = []
+    for k, top_k, nodes, tree in ((1, 1, 1, "dynamic"), (3, 2, 6, "dynamic"), (5, 4, 16, "static")):
+        spec = Decoder(
+            loaded(tiny_target, "t"),
+            None,
+            method_of(method),
+            k,
+            head=str(heads / method),
+            tree_top_k=top_k,
+            tree_nodes=nodes,
+            tree=tree,
+        )
+        for prompt, want in zip(prompts, expected):
+            outputs.append(spec.generate(prompt, 30, **sampled))
+            assert outputs[-1].token_ids == want, (k, nodes, tree, prompt)
+        gens = [spec.prepare(p, 30, **sampled) for p in prompts]
+        prefill(gens)
+        while live := [g for g in gens if not g.done]:
+            step(live)
+        assert [g.new_tokens for g in gens] == expected
+    assert_speculated(outputs)
 
 
 # --- distribution: sampled output follows the target ----------------------------------------

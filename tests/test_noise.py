@@ -154,3 +154,19 @@ def test_rejection_sampling_stays_an_option_and_a_seed_still_repeats(models):
     assert a == spec.generate(PROMPTS[0], 25, **SAMPLED).token_ids
     with pytest.raises(Exception, match="sampler"):
         decoder(models, "draft", 3, sampler="maximal")
+
+
+@pytest.mark.speculation
+@pytest.mark.parametrize("backend", ["native", "hf", "static"])
+def test_seeded_sampling_equals_plain_seeded_decoding_on_every_backend(models, backend):
+    settings = dict(backend=backend, measure_shapes=False)
+    expected = plain_texts(models, 30, **settings)
+    outputs = []
+    for method in ("draft", "prompt-lookup", "self-spec", "lookahead"):
+        for k in (2, 5):
+            spec = decoder(models, method, k, draft_length="adaptive", **settings)
+            assert spec.backend_kind == backend
+            for prompt, want in zip(PROMPTS, expected):
+                outputs.append(spec.generate(prompt, 30, **SAMPLED))
+                assert outputs[-1].token_ids == want, (backend, method, k, prompt)
+    assert_speculated(outputs, min_rate=0.1)
