@@ -161,7 +161,7 @@ def section(backend: Backend, root: Path) -> tuple[list[str], Summary | None]:
             f"decoding" + (f"; its tok/s over each peer's: {against}." if peers else "."),
             "",
         ]
-    lines += table(overall, greedy, methods_of(overall), False, COLUMNS)
+    lines += table(overall, methods_of(overall), False, COLUMNS)
     lines += [
         "",
         "Speedup over plain decoding (method none) by task group:",

@@ -75,6 +75,24 @@ def test_equality_check_catches_a_broken_method(decoder, tmp_path):
     assert "| broken |" in report and "2/2 |" in report
 
 
+def test_sampled_runs_check_the_tokens_of_seeded_methods(decoder, tmp_path):
+    # At temperature > 0, sampler gumbel's text follows the seed alone: it must equal plain decoding's,
+    # and a broken one is caught; rejection sampling's text is the seed's and the draft's, not checked.
+    contenders = method_contenders(decoder, ["draft:k=3", "draft:k=3,sampler=rejection"])
+    contenders.append(CorruptedMethod("broken", decoder.with_method("draft", 3)))
+    result = run_bench(PROMPTS, contenders, BenchSettings(max_new_tokens=12, temperature=0.8, seed=5), progress=False)
+    overall = summarise_all(result)[OVERALL]
+    assert overall["draft:k=3"].checked and overall["draft:k=3"].mismatches == []
+    assert overall["draft:k=3"].acceptance_rate > 0
+    assert not overall["draft:k=3,sampler=rejection"].checked
+    assert overall["broken"].mismatches == [1, 2]
+    report = write_report(
+        tmp_path, result, summarise_all(result), {"target": "t", "precision": "fp32", "backend": "auto", "prompts": "p"}
+    )["report"].read_text()
+    assert "## Equality check (seeded sampling)" in report and "broken: prompts [1, 2]" in report
+    assert "| draft:k=3,sampler=rejection |" in report and "(sampled) |" in report
+
+
 def test_methods_at_another_precision_are_checked_against_plain_decoding_at_it(decoder, tmp_path):
     contenders = method_contenders(
         decoder, ["prompt-lookup:precision=int4", "none:precision=int8", "prompt-lookup:precision=int8"]

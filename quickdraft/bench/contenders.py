@@ -40,6 +40,7 @@ class Contender(Protocol):
     chain: bool  # drafts chains, so acceptance is the closed-form model's alpha
     speculative: bool
     reference: str  # the contender whose greedy tokens this one's must equal
+    seeded: bool  # sampled tokens follow the seed alone (sampler gumbel): equal to the reference's when it is too
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> RunRecord: ...
 
@@ -51,6 +52,7 @@ class MethodContender:
         self.name, self.decoder, self.reference = name, decoder, reference
         definition = get_method(decoder.method)
         self.chain, self.speculative = not definition.drafts_trees, definition.speculative
+        self.seeded = decoder.config.sampler == "gumbel"
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> RunRecord:
         out = self.decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)

@@ -20,6 +20,7 @@ class TransformersGenerate:
 
     chain, speculative = True, True
     reference = BASELINE  # its greedy tokens are compared with quickdraft's plain decoding
+    seeded = False  # its sampled text follows its own random numbers
 
     def __init__(self, name: str, target: LoadedModel, eos_ids: frozenset[int], **options) -> None:
         self.name, self.model, self.options = name, target.model, options
@@ -93,6 +94,7 @@ class LlamaCpp:
 
     chain = True
     reference = BASELINE
+    seeded = False
 
     def __init__(self, gguf: Path, eos_ids: frozenset[int], prompt_lookup: bool, context: int = 4096) -> None:
         from llama_cpp import Llama  # optional dependency: only when installed

@@ -25,7 +25,8 @@ class Summary:
     acceptance_rate: float | None  # accepted / drafted draft tokens
     mean_k: float | None  # drafted tokens per target pass
     acceptance_by_position: list[float]  # accepted / drafted at draft position 1, 2, ...
-    mismatches: list[int]  # prompt numbers whose tokens differ from its reference's (greedy only)
+    mismatches: list[int]  # prompt numbers whose tokens differ from its reference's (where checked)
+    checked: bool = True  # tokens compared with the reference's: greedy, or both sampled from the seed alone
     reference: str = BASELINE  # plain decoding at the contender's precision (peers: the baseline)
     predicted_speedup: float | None = None  # closed form from this run's alpha, K and times (chains)
     measured_decode_speedup: float | None = None  # the same quantity measured (prefill excluded)
@@ -47,9 +48,10 @@ def summarise(result: BenchResult, name: str, prompts: list[PromptRuns], numbers
     tokens = sum(len(r.tokens) for r in records)
     contender = next(c for c in result.contenders if c.name == name)
     reference = contender.reference
+    checked = result.greedy or (contender.seeded and next(c for c in result.contenders if c.name == reference).seeded)
     mismatches = (
         [n for n, p in zip(numbers, prompts) if p.runs[name][0].tokens != p.runs[reference][0].tokens]
-        if result.greedy
+        if checked
         else []
     )
     summary = Summary(
@@ -63,6 +65,7 @@ def summarise(result: BenchResult, name: str, prompts: list[PromptRuns], numbers
         mean_k=drafted / passes if passes and drafted else None,
         acceptance_by_position=acceptance_by_position(records),
         mismatches=mismatches,
+        checked=checked,
         reference=reference,
     )
     if contender.chain and drafted and all(r.decode_seconds for r in records):
