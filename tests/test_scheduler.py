@@ -88,16 +88,26 @@ def test_batched_sequences_equal_each_alone(tiny_target, tiny_draft, backend, pr
 
 
 def test_sampled_sequences_follow_their_own_seed(decoder):
+    # Served beside each other, with the cost model's draft length: each text is its seed's plain
+    # text (sampler gumbel), and rejection sampling's is its seed's alone with the same drafts.
     scheduler = Scheduler(decoder, max_batch=4)
-    collectors = [Collector() for _ in range(3)]
+    collectors = [Collector() for _ in range(4)]
     for seed, collector in enumerate(collectors):
-        scheduler.submit(collector.job(PROMPTS[seed], 15, "draft", 2, temperature=1.0, seed=seed))
+        settings = {"draft_length": "cost"} if seed < 3 else {"sampler": "rejection", "draft_length": "fixed"}
+        job = collector.job(PROMPTS[seed], 15, "draft", 2, temperature=1.0, seed=seed)
+        job.settings.update(settings)
+        scheduler.submit(job)
     scheduler.start()
     assert all(c.done.wait(60) for c in collectors)
     scheduler.stop()
     for seed, collector in enumerate(collectors):
-        alone = decoder.with_method("draft", 2).generate(PROMPTS[seed], 15, temperature=1.0, seed=seed)
-        assert collector.output.token_ids == alone.token_ids
+        if seed < 3:
+            alone = decoder.with_method("none").generate(PROMPTS[seed], 15, temperature=1.0, seed=seed)
+        else:
+            alone = decoder.with_method("draft", 2, sampler="rejection", draft_length="fixed").generate(
+                PROMPTS[seed], 15, temperature=1.0, seed=seed
+            )
+        assert collector.output.token_ids == alone.token_ids, seed
 
 
 def test_a_cancelled_job_leaves_and_the_others_finish(decoder):
