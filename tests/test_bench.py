@@ -1,4 +1,6 @@
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -183,3 +185,18 @@ def test_default_prompt_file_is_looked_up_beside_the_working_folder(tmp_path):
     file.parent.mkdir(parents=True)
     file.write_text("{}\n")
     assert default_prompt_file(work) == file.resolve()
+
+
+def test_the_sampler_comparison_reads_both_samplers_of_each_method(decoder, tmp_path, capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from sampler_compare import main
+
+    contenders = method_contenders(decoder, ["draft:k=3,sampler=gumbel/rejection", "prompt-lookup"])
+    result = run_bench(PROMPTS, contenders, BenchSettings(max_new_tokens=12, temperature=0.8), progress=False)
+    header = {"target": "t", "precision": "fp32", "backend": "auto", "prompts": "p"}
+    write_report(tmp_path / "t08", result, summarise_all(result), header)
+    assert main([str(tmp_path / "t08"), "--plot", str(tmp_path / "bars.png")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    [row] = [line for line in lines if line.startswith("| 0.8 |")]  # prompt-lookup ran with one sampler only
+    assert row.startswith("| 0.8 | draft |") and row.endswith("| 0/2 |")
+    assert (tmp_path / "bars.png").read_bytes()[:8] == PNG
