@@ -87,12 +87,14 @@ def test_speculative_greedy_equals_plain_greedy(default, early_layers_draft, k):
         assert_speculated(outs, real_vocab_rate(method), label=method)
 
 
-def test_sampling_is_seeded_and_speculation_keeps_it_valid(default, early_layers_draft):
-    spec = quickdraft.Decoder(default.target, early_layers_draft, "draft", 4)
+def test_a_seed_gives_plain_decodings_text_whatever_the_draft_length(default, early_layers_draft):
     options = dict(max_new_tokens=24, temperature=0.7, top_p=0.9, seed=3)
-    a = spec.generate(PROMPTS[0], **options)
-    assert a.token_ids == spec.generate(PROMPTS[0], **options).token_ids
-    assert a.stats.new_tokens == 24 and a.text
+    plain = default.with_method("none").generate(PROMPTS[0], **options)
+    for length in ("fixed", "adaptive", "cost"):
+        spec = quickdraft.Decoder(default.target, early_layers_draft, "draft", 4, draft_length=length)
+        a = spec.generate(PROMPTS[0], **options)
+        assert a.token_ids == plain.token_ids, length
+        assert a.stats.new_tokens == 24 and a.text and a.stats.drafted_tokens
 
 
 def test_stop_string_cuts_the_text(default):
