@@ -76,7 +76,7 @@ def plot(found: list[tuple[float, str, dict[str, object]]], path: Path) -> Path:
     axes[1].set(ylabel="speedup over plain decoding (method none)", title="Speed by sampler")
     axes[1].axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     for ax in axes:
-        ax.set_xticks(range(len(found)), labels, fontsize=7)
+        ax.set_xticks(range(len(found)), labels, fontsize=7, rotation=35, ha="right")
         ax.legend()
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
