@@ -55,8 +55,14 @@ def position_key(seed: int, position: int) -> int:
 def gumbel_row(seed: int, position: int, vocab: int) -> torch.Tensor:
     """[V] Gumbel(0, 1) noise for every token id at `position`, from (seed, position) alone."""
     x = _mix(torch.arange(vocab, dtype=torch.int64) * _signed(_GOLDEN) ^ position_key(seed, position))  # [V]
-    # 24 random bits, centred in their interval: u in (0, 1), never 0 or 1, at float32's resolution.
-    u = (((x >> 40) & ((1 << 24) - 1)).float() + 0.5) * 2.0**-24
+    return gumbel_of_bits((x >> 41) & ((1 << 23) - 1))
+
+
+def gumbel_of_bits(bits: torch.Tensor) -> torch.Tensor:
+    """Integers in [0, 2^23) -> Gumbel(0, 1) noise, always finite: u = (bits + 1/2) / 2^23 has 24
+    significant bits, so float32 holds it exactly, strictly between 0 and 1 (with 24 random bits
+    the largest u would round to 1.0, and -log(-log 1) is +inf, which argmax takes over any p)."""
+    u = (bits.float() + 0.5) * 2.0**-23
     return -torch.log(-torch.log(u))
 
 

@@ -11,7 +11,7 @@ from stats_util import chi_square_p_value
 
 from quickdraft import Decoder
 from quickdraft.engine import prefill, step
-from quickdraft.noise import PositionNoise, gumbel_row
+from quickdraft.noise import PositionNoise, gumbel_of_bits, gumbel_row
 from quickdraft.sampling import SamplingParams, gumbel_pick, logits_to_probs
 from quickdraft.verify import verify_tree
 
@@ -29,10 +29,18 @@ def test_a_row_depends_on_seed_and_position_alone():
     assert not torch.equal(gumbel_row(0, 1, 40), gumbel_row(2, 0, 40))
 
 
+def test_noise_is_finite_at_both_ends_of_its_bits():
+    # A +inf would win every argmax whatever p says (it once picked a token top-k had filtered out).
+    ends = gumbel_of_bits(torch.tensor([0, 1, 2**23 - 2, 2**23 - 1]))
+    assert torch.isfinite(ends).all() and ends[0] < -2.5 and ends[-1] > 16
+    probs = torch.tensor([0.0, 1.0])
+    assert gumbel_pick(probs, gumbel_of_bits(torch.tensor([2**23 - 1, 0]))) == 1
+
+
 def test_rows_are_gumbel_and_uncorrelated():
     rows = torch.stack([gumbel_row(seed, position, 4096) for seed in range(4) for position in range(4)])  # [16, V]
     # Gumbel(0, 1): mean Euler's gamma, deviation pi / sqrt(6).
-    assert abs(rows.mean() - 0.5772) < 0.02 and abs(rows.std() - 1.2825) < 0.02
+    assert abs(rows.mean() - 0.5772) < 0.02 and abs(rows.std() - 1.2825) < 0.02 and torch.isfinite(rows).all()
     correlation = torch.corrcoef(rows) - torch.eye(16)
     assert correlation.abs().max() < 0.08  # 4 standard errors at 4096 samples
 
