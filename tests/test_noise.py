@@ -65,6 +65,19 @@ def test_gumbel_pick_is_an_exact_sample_across_seeds():
     assert chi_square_p_value(counts, torch.full((8,), 1 / 8)) < 1e-6  # the test can fail
 
 
+@pytest.mark.chance
+def test_over_a_real_vocabulary_picks_stay_where_p_has_mass():
+    # 49,152 ids, as SmolLM2's: with a noise of +inf once in 2^24 ids, one pick in 340 went anywhere.
+    logits = torch.randn(49152, generator=torch.Generator().manual_seed(0))
+    probs = logits_to_probs(logits, SamplingParams(1.0, top_k=4))  # [V]
+    kept = probs.nonzero().flatten()
+    counts = torch.zeros(49152)
+    for seed in range(3000):
+        counts[gumbel_pick(probs, gumbel_row(seed, 40, 49152))] += 1
+    assert counts.sum() == counts[kept].sum()
+    assert chi_square_p_value(counts[kept], probs[kept]) > 1e-3
+
+
 def test_gumbel_pick_ignores_ids_without_noise():
     probs = torch.tensor([0.01, 0.02, 0.97])
     assert gumbel_pick(probs, torch.zeros(2)) == 1  # id 2 lies past the noise's vocabulary
