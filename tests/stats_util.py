@@ -24,21 +24,27 @@ def chi_square_p_value(observed: torch.Tensor, expected_probs: torch.Tensor, min
     return float(torch.special.gammaincc(torch.tensor(dof / 2.0), statistic / 2.0))
 
 
+def decode_together(generations: list) -> None:
+    """Prefill the prepared generations in one pass and step them together until each is done (the
+    server's path)."""
+    from quickdraft.engine import prefill, step
+
+    prefill(generations)
+    while live := [g for g in generations if not g.done]:
+        step(live)
+
+
 def sample_batched(decoder, prompt: list[int], runs: int, max_new_tokens: int, batch: int = 250, **options) -> list:
     """The outputs (GenerationOutput) of `runs` generations seeded 0..runs-1, decoded `batch` at a time by the engine's
     batched step (the server's path): a row's distribution is the target's alone or beside others,
     and one batched step costs a fraction of `batch` single ones."""
-    from quickdraft.engine import prefill, step
-
     outputs = []
     for first in range(0, runs, batch):
         generations = [
             decoder.prepare(prompt, max_new_tokens, seed=seed, **options)
             for seed in range(first, min(first + batch, runs))
         ]
-        prefill(generations)
-        while live := [g for g in generations if not g.done]:
-            step(live)
+        decode_together(generations)
         for g in generations:
             assert g.error is None, g.error
             outputs.append(decoder.finish(g))

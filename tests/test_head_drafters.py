@@ -6,11 +6,10 @@ import pytest
 import torch
 from conftest import DEVICES, loaded, tiny_llama
 from spec_util import assert_speculated
-from stats_util import chi_square_p_value, sample_batched
+from stats_util import chi_square_p_value, decode_together, sample_batched
 
 from quickdraft import Decoder
 from quickdraft.drafters.tree_record import TreeRecord
-from quickdraft.engine import prefill, step
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.config import Eagle3Config
 from quickdraft.sampling import SamplingParams, logits_to_probs
@@ -63,6 +62,11 @@ def train_heads(model, folder, vocab):
     return folder
 
 
+def head_decoder(model, folder, head: str, k: int | None = None, **options) -> Decoder:
+    """A decoder drafting with the head kind `head` trained in `folder`."""
+    return Decoder(loaded(model, "t"), None, method_of(head), k, head=str(folder / head), **options)
+
+
 def method_of(head: str) -> str:
     """The method that drafts with a head kind ("eagle3": an EAGLE-3 head, method "eagle")."""
     return "eagle" if head == "eagle3" else head
@@ -82,17 +86,7 @@ def test_head_drafters_greedy_equal_plain(tiny_target, heads, method, k, top_k, 
     # The lookup branch (on by default) may reach past the head's depth, up to k_max.
     depth = k if k < 3 else 16
     plain = Decoder(loaded(tiny_target, "t"), None, "none", device=device)
-    spec = Decoder(
-        loaded(tiny_target, "t"),
-        None,
-        method_of(method),
-        k,
-        head=str(heads / method),
-        tree_top_k=top_k,
-        tree_nodes=nodes,
-        device=device,
-        lookup=k >= 3,
-    )
+    spec = head_decoder(tiny_target, heads, method, k, tree_top_k=top_k, tree_nodes=nodes, device=device, lookup=k >= 3)
     outputs = []
     for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9], [4]):
         out = spec.generate(prompt, max_new_tokens=40)
@@ -179,23 +173,12 @@ def test_seeded_sampling_with_heads_equals_plain_seeded_decoding(tiny_target, he
     expected = [plain.generate(p, 30, **sampled).token_ids for p in prompts]
     outputs = []
     for k, top_k, nodes, tree in ((1, 1, 1, "dynamic"), (3, 2, 6, "dynamic"), (5, 4, 16, "static")):
-        spec = Decoder(
-            loaded(tiny_target, "t"),
-            None,
-            method_of(method),
-            k,
-            head=str(heads / method),
-            tree_top_k=top_k,
-            tree_nodes=nodes,
-            tree=tree,
-        )
+        spec = head_decoder(tiny_target, heads, method, k, tree_top_k=top_k, tree_nodes=nodes, tree=tree)
         for prompt, want in zip(prompts, expected):
             outputs.append(spec.generate(prompt, 30, **sampled))
             assert outputs[-1].token_ids == want, (k, nodes, tree, prompt)
         gens = [spec.prepare(p, 30, **sampled) for p in prompts]
-        prefill(gens)
-        while live := [g for g in gens if not g.done]:
-            step(live)
+        decode_together(gens)
         assert [g.new_tokens for g in gens] == expected
     assert_speculated(outputs)
 

@@ -7,10 +7,9 @@ import pytest
 import torch
 from conftest import DEVICES, loaded, perturbed_copy, tiny_llama
 from spec_util import LOOPING, assert_speculated
-from stats_util import chi_square_p_value
+from stats_util import chi_square_p_value, decode_together
 
 from quickdraft import Decoder
-from quickdraft.engine import prefill, step
 from quickdraft.noise import PositionNoise, gumbel_of_bits, gumbel_row
 from quickdraft.sampling import SamplingParams, gumbel_pick, logits_to_probs
 from quickdraft.verify import verify_tree
@@ -161,9 +160,7 @@ def test_seeded_sampling_batched_equals_each_alone_and_plain(models):
     for (method, k), prompt in zip(jobs, [*PROMPTS, *PROMPTS]):
         extra = {"layers": 1} if method == "self-spec" else {}
         gens.append(base.with_method(method, k, **extra).prepare(prompt, 25, **SAMPLED))
-    prefill(gens)
-    while live := [g for g in gens if not g.done]:
-        step(live)
+    decode_together(gens)
     expected = plain_texts(models, 25)
     for g, prompt in zip(gens, [*PROMPTS, *PROMPTS]):
         assert g.error is None and g.new_tokens == expected[PROMPTS.index(prompt)]
