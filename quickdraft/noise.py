@@ -38,18 +38,11 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ ((x >> 31) & ((1 << 33) - 1))
 
 
-def _mix_int(value: int) -> int:
-    """_mix on one Python int (unsigned 64-bit)."""
-    value &= _MASK64
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return value ^ (value >> 31)
-
-
 def position_key(seed: int, position: int) -> int:
     """One 64-bit key per (seed, position), as int64: the seed mixed, then its stream's step at `position`
     mixed again (two seeds' streams do not meet at shifted positions)."""
-    return _signed(_mix_int(_mix_int(seed) + (position + 1) * _GOLDEN))
+    mixed_seed = _mix(torch.tensor([_signed(seed)], dtype=torch.int64))
+    return int(_mix(mixed_seed + _signed((position + 1) * _GOLDEN))[0])  # int64 addition wraps, as uint64's
 
 
 def gumbel_row(seed: int, position: int, vocab: int) -> torch.Tensor:
@@ -73,12 +66,15 @@ class PositionNoise:
         self.seed, self.vocab = seed, vocab
         self._rows: dict[int, torch.Tensor] = {}
 
+    def row(self, position: int) -> torch.Tensor:
+        """[V] the noise at `position` (a token's position: its index in the sequence)."""
+        if position not in self._rows:
+            self._rows[position] = gumbel_row(self.seed, position, self.vocab)
+        return self._rows[position]
+
     def rows(self, positions: list[int]) -> torch.Tensor:
-        """[len(positions), V] the noise at each position (a token's position: its index in the sequence)."""
-        for position in positions:
-            if position not in self._rows:
-                self._rows[position] = gumbel_row(self.seed, position, self.vocab)
-        return torch.stack([self._rows[p] for p in positions]) if positions else torch.empty(0, self.vocab)
+        """[len(positions), V] the noise at each position."""
+        return torch.stack([self.row(p) for p in positions]) if positions else torch.empty(0, self.vocab)
 
     def forget_before(self, position: int) -> None:
         """Drop the rows of positions already decoded: they are never read again."""

@@ -199,7 +199,7 @@ class CrossVocabDrafter(SequenceDrafter):
                     token = sample(q, request.generator)
                 else:  # each draft id reads the noise of the target id it drafts
                     position = len(request.tokens) + len(targets)
-                    token = gumbel_pick(q, request.noise.rows([position])[0][self.vocab.draft_to_target.clamp_min(0)])
+                    token = gumbel_pick(q, request.noise.row(position)[self.vocab.draft_to_target.clamp_min(0)])
                 spread = torch.zeros(self.target_vocab)  # q over the target's ids: the same numbers, moved
                 spread[self.shared_targets] = q[self.shared_ids]
                 probs.append(spread)

@@ -74,7 +74,7 @@ class DraftModelDrafter:
                     if r.noise is None:
                         token = sample(q, r.generator)
                     else:  # the target's noise at this position: the guess its own pick is likeliest to equal
-                        token = gumbel_pick(q, r.noise.rows([len(r.tokens) + len(drafts[i].tokens)])[0])
+                        token = gumbel_pick(q, r.noise.row(len(r.tokens) + len(drafts[i].tokens)))
                     probs[i].append(q)
                     top = q.max()
                 drafts[i].tokens.append(token)
