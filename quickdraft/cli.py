@@ -81,6 +81,7 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--per-category", type=int, help="prompts per category (default 10; --quick: 1)")
     add_flag(bench, SAMPLING["max_new_tokens"], "--quick: 48", declared_default=False)
     add_flag(bench, SAMPLING["temperature"], "at 0 the bench also checks that the outputs are equal")
+    add_flag(bench, SAMPLING["seed"], "every prompt and contender samples with it")
     bench.add_argument("--repeats", type=int, default=1, help="timed runs of each prompt per contender")
     bench.add_argument(
         "--peers",
@@ -532,7 +533,7 @@ def _bench(args: argparse.Namespace) -> int:
     _set_threads(args.threads)
     if args.per_category is not None and args.per_category < 1:
         raise QuickdraftError(f"--per-category must be >= 1, got {args.per_category}")
-    BenchSettings(1, args.temperature, args.repeats).check()  # before loading anything
+    BenchSettings(1, args.temperature, args.repeats, args.seed).check()  # before loading anything
     decoder = quickdraft.load(args.target, args.draft, "none", **given_options(args))
     paths = bench(
         decoder,
@@ -544,6 +545,7 @@ def _bench(args: argparse.Namespace) -> int:
         args.max_new_tokens,
         args.temperature,
         args.repeats,
+        seed=args.seed,
         peers=() if args.no_peers else tuple(args.peers),
         quick=args.quick,
         command=shlex.join(["quickdraft", *args.argv]),

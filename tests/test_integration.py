@@ -262,6 +262,23 @@ def test_bench_command_on_the_default_target(tmp_path, capsys):
     )
 
 
+def test_bench_samples_with_the_seed_it_is_given(tmp_path, default):
+    """`quickdraft bench --seed`: every contender samples with that seed, so its text is plain seeded
+    decoding's for that seed, not the default seed's."""
+    prompt = "Write one sentence about rivers."
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"category": "chat", "turns": [prompt]}) + "\n")
+    argv = ["bench", "--data", str(data), "--methods", "prompt-lookup", "--max-new-tokens", "16"]
+    argv += ["--temperature", "1.0", "--seed", "7", "--backend", "native", "--no-peers", "--output", str(tmp_path)]
+    assert main(argv) == 0
+    raw = json.loads((tmp_path / "results.json").read_text())
+    assert raw["settings"]["seed"] == 7 and "seed 7" in (tmp_path / "report.md").read_text()
+    runs = raw["prompts"][0]["runs"]
+    ids = default.encode(prompt)
+    seeded = [default.generate(ids, max_new_tokens=16, temperature=1.0, seed=seed).token_ids for seed in (7, 0)]
+    assert runs["none"][0]["tokens"] == runs["prompt-lookup"][0]["tokens"] == seeded[0] != seeded[1]
+
+
 def test_gguf_4_bit_blocks_are_exactly_the_loaded_weights(default):
     """The int4 backend takes the file's own Q4_1 blocks; they dequantize to the very weights
     transformers loads (including its q/k row permutation), and to what the source reads."""

@@ -29,6 +29,7 @@ def bench(
     max_new_tokens: int | None = None,
     temperature: float = SAMPLING["temperature"].default,
     repeats: int = 1,
+    seed: int = SAMPLING["seed"].default,
     peers: tuple[str, ...] = PEERS,
     quick: bool = False,
     progress: bool = True,
@@ -42,7 +43,7 @@ def bench(
     command: the command line, kept in the report's header."""
     per_category = per_category or (QUICK_PER_CATEGORY if quick else FULL_PER_CATEGORY)
     max_new_tokens = max_new_tokens or (QUICK_NEW_TOKENS if quick else FULL_NEW_TOKENS)
-    settings = BenchSettings(max_new_tokens, temperature, repeats)
+    settings = BenchSettings(max_new_tokens, temperature, repeats, seed)
     settings.check()
     source = data or default_prompt_file()
     prompts = load_prompts(source, categories, per_category)
