@@ -58,7 +58,8 @@ else
 fi
 
 mkdir -p "$cache"
-for answers in "$files"/answers-*.jsonl; do  # answers made earlier: only prompts without one run
+for answers in "$files"/answers-*.jsonl data/answers/answers-*.jsonl; do  # answers made earlier (staged, or the
+  # project's own in data/answers): only prompts without one run
   [[ -e "$answers" && ! -e "$cache/$(basename "$answers")" ]] && cp "$answers" "$cache/"
 done
 echo "== gpu_train: training (limit ${limit}s)" | tee -a "$out/train.log"

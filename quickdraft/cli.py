@@ -180,6 +180,13 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
         help="replace responses by the target's own greedy ones, up to TOKENS tokens",
     )
     train.add_argument(
+        "--answers",
+        type=Path,
+        metavar="FOLDER",
+        help="with --distill: folder that keeps the target's answers, one file per target and TOKENS, "
+        "read first so only new prompts run (default: the cache; the default target's are in data/answers)",
+    )
+    train.add_argument(
         "--distill-examples",
         type=int,
         metavar="N",
@@ -499,6 +506,7 @@ def _train(args: argparse.Namespace) -> int:
         distill_tokens=args.distill,
         distill_examples=_one_or_each(args.distill_examples),
         cache=args.cache,
+        answers=args.answers,
         settings=settings,
         eagle=args.eagle,
         distill_batch=args.distill_batch,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from quickdraft.models.embedded import DEFAULT_NAME
-from quickdraft.training.distill import answers_file, read_answers
+from quickdraft.training.distill import answers_file, prompt_key, read_answers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ def test_the_gpu_training_dry_run_reuses_staged_answers_and_returns_the_head_in_
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "gpu_train: training: exit 0" in run.stdout
     answers = read_answers(tmp_path / "cache" / staged.name)
-    assert answers[(1, 2, 3)] == [4, 5] and len(answers) == 7  # kept; the 6 data prompts answered beside it
+    assert answers[prompt_key([1, 2, 3])] == [4, 5] and len(answers) == 7  # kept; the 6 data prompts answered beside it
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["target"] == DEFAULT_NAME and config["steps"] == 2 and len(config["held_out_top1"]) == 4
     parts = sorted(tmp_path.glob("heads.part-*"))

@@ -15,7 +15,7 @@ from quickdraft.heads.format import CONFIG_FILE, load_eagle, load_medusa
 from quickdraft.heads.medusa_heads import MedusaHeads
 from quickdraft.models.loading import LoadedModel
 from quickdraft.training.data import Example, read_examples
-from quickdraft.training.distill import answers_file, read_answers, regenerate
+from quickdraft.training.distill import answers_file, prompt_key, read_answers, regenerate
 from quickdraft.training.features import extract_features, feature_batches, load_features
 from quickdraft.training.loop import TrainSettings, held_out
 from quickdraft.training.train_command import distilled, feature_decoder
@@ -202,8 +202,45 @@ def test_distilled_answers_are_kept_per_prompt_and_only_new_prompts_run(tiny_tar
     assert len(read_answers(saved)) == 3
     assert distilled(decoder, sequences, 6, tmp_path, progress=False, batch=2) == expected
     assert len(read_answers(saved)) == 6
+    # Lines name prompts by digest; a file of the earlier form (prompt ids in full) is read the same.
+    lines = [json.loads(line) for line in saved.read_text().splitlines() if line.endswith("]]")]  # whole ones
+    assert len(lines) == 6 and all(len(key) == 16 for key, _ in lines)
+    earlier = tmp_path / "earlier" / saved.name
+    earlier.parent.mkdir()
+    earlier.write_text("".join(json.dumps([ids[:5], ids[5:]]) + "\n" for ids, _ in expected))
+    assert read_answers(earlier) == read_answers(saved)
+    assert distilled(decoder, sequences, 6, earlier.parent, progress=False, batch=2) == expected
+    assert len(earlier.read_text().splitlines()) == 6  # nothing answered again
     # Another target does not read these answers.
     assert answers_file(tmp_path, "other", 6) != saved
+
+
+@pytest.mark.integration
+def test_the_projects_answers_for_the_default_target_are_found_as_the_train_command_asks():
+    from pathlib import Path
+
+    from quickdraft.models.embedded import DEFAULT_NAME
+    from quickdraft.models.loading import load_model
+    from quickdraft.training.features import encode_example
+
+    root = Path(__file__).resolve().parents[1]
+    saved = answers_file(root / "data" / "answers", DEFAULT_NAME, 128)  # what `--answers data/answers` reads
+    answers = read_answers(saved)
+    assert len(answers) == len(saved.read_text().splitlines())  # every line whole, no prompt twice
+    loaded = load_model(None)
+    vocab = loaded.config.vocab_size
+    assert all(0 < len(r) <= 128 and all(0 <= t < vocab for t in r) for r in answers.values())
+    # The project's own prompts, and where ../shared/data is here the licensed mix's first 1,000
+    # (scripts/licensed_mix.py's defaults), encoded as the train command encodes them, find their answers.
+    examples = read_examples(root / "data" / "general-prompts.jsonl")[:200]
+    shared = root.parent / "shared" / "data"
+    if shared.is_dir():
+        from test_licensed_mix import licensed_mix
+
+        mix = licensed_mix.interleave(licensed_mix.read_records(shared, 4000), 2000, 0)[:1000]
+        examples += [Example(record["prompt"], "") for record in mix]
+    prompts = [ids[:start] for ids, start in (encode_example(loaded.tokenizer, e, 1280) for e in examples)]
+    assert all(prompt_key(prompt) in answers for prompt in prompts)
 
 
 def test_a_fresh_head_is_the_targets_own_next_token_head():
@@ -456,6 +493,7 @@ def test_quickdraft_train_distils_and_extracts_through_the_backend_on_the_defaul
                 "cpu",
                 "--precision",
                 "fp32",
+                *(["--answers", str(tmp_path / "answers")] if kind == "eagle" else []),
             ]
         )
         == 0
@@ -463,5 +501,7 @@ def test_quickdraft_train_distils_and_extracts_through_the_backend_on_the_defaul
     config = json.loads((out / CONFIG_FILE).read_text())
     assert config["kind"] == kind and config["target"] == "SmolLM2-135M-Instruct"
     assert "trained a" in capsys.readouterr().out
-    answers = list((out / "cache").glob("answers-*.jsonl"))  # the target's own answers, kept
+    kept = tmp_path / "answers" if kind == "eagle" else out / "cache"  # --answers, else the cache
+    answers = list(kept.glob("answers-*.jsonl"))  # the target's own answers, kept
     assert len(answers) == 1 and len(answers[0].read_text().splitlines()) == 6
+    assert kind == "medusa" or not list((out / "cache").glob("answers-*.jsonl"))

@@ -6,7 +6,9 @@ engine's plain decoding on the target's backend (each prompt its own ragged rows
 which is many times faster per token than one at a time.
 
 Answers are kept per prompt in an append-only file, written after each batch: an interrupted run
-resumes where it stopped, and asking for more prompts later answers only the new ones.
+resumes where it stopped, and asking for more prompts later answers only the new ones. Each line
+names its prompt by a digest of the prompt's ids, so the file holds little more than the answers
+(the project keeps the default target's in data/answers, read with `train --answers`).
 """
 
 from __future__ import annotations
@@ -62,10 +64,17 @@ def answers_file(cache: Path, model_name: str, max_new_tokens: int) -> Path:
     return cache / f"answers-{key}-{max_new_tokens}.jsonl"
 
 
-def read_answers(path: Path) -> dict[tuple[int, ...], list[int]]:
-    """prompt ids -> response ids from an answers file (each line [prompt ids, response ids]); a
-    last line cut short by a crash is skipped, and answered again."""
-    answers: dict[tuple[int, ...], list[int]] = {}
+def prompt_key(prompt: list[int]) -> str:
+    """The name an answers file gives a prompt: a digest of its ids (64 bits: no two of a few
+    million prompts share one, by the birthday bound)."""
+    return hashlib.sha256(json.dumps(prompt).encode()).hexdigest()[:16]
+
+
+def read_answers(path: Path) -> dict[str, list[int]]:
+    """prompt_key -> response ids from an answers file (each line [prompt key, response ids], or
+    [prompt ids, response ids] as files written before 2026-12-06 hold); a last line cut short by
+    a crash is skipped, and answered again."""
+    answers: dict[str, list[int]] = {}
     if not path.is_file():
         return answers
     for line in path.read_text().splitlines():
@@ -73,14 +82,15 @@ def read_answers(path: Path) -> dict[tuple[int, ...], list[int]]:
             prompt, response = json.loads(line)
         except ValueError:
             continue
-        answers[tuple(prompt)] = response
+        answers[prompt if isinstance(prompt, str) else prompt_key(prompt)] = response
     return answers
 
 
 def append_answers(path: Path, sequences: list[Sequence]) -> None:
     """Add answered sequences (prompt + response, where the response starts) to an answers file."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps([prompt_key(ids[:start]), ids[start:]], separators=(",", ":")) for ids, start in sequences]
     with path.open("a+") as out:
         if out.tell() and (out.seek(out.tell() - 1), out.read(1))[1] != "\n":
             out.write("\n")  # a line a crash cut short stays on its own, and is skipped
-        out.write("".join(json.dumps([ids[:start], ids[start:]]) + "\n" for ids, start in sequences))
+        out.write("".join(line + "\n" for line in lines))

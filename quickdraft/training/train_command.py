@@ -14,7 +14,7 @@ from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.models.native_weights import supports
 from quickdraft.models.weights import EMBED, LM_HEAD
 from quickdraft.training.data import read_examples
-from quickdraft.training.distill import answers_file, append_answers, read_answers, regenerate
+from quickdraft.training.distill import answers_file, append_answers, prompt_key, read_answers, regenerate
 from quickdraft.training.features import Sequence, encode_example, extract_features, load_features
 from quickdraft.training.loop import TrainSettings
 from quickdraft.training.train_eagle import train_eagle
@@ -59,13 +59,14 @@ def training_sequences(
     progress: bool = True,
     distill_batch: int = 64,
     decoder: Decoder | None = None,
+    answers: Path | None = None,
 ) -> list[Sequence]:
     """Every file's first `max_examples` examples (one count, or one per file), encoded as the
     decoder encodes chats. With
     distill_tokens, the first `distill_examples` of each file (one count, or one per file; default:
     all) get the target's own
-    responses instead of the dataset's (cached in `cache`), decoded by `decoder` (default:
-    feature_decoder); the rest keep the dataset's text."""
+    responses instead of the dataset's (kept in `answers`, a folder; default: `cache`), decoded by
+    `decoder` (default: feature_decoder); the rest keep the dataset's text."""
     limits = max_examples if isinstance(max_examples, list) else [max_examples] * len(data)
     if len(limits) != len(data):
         raise QuickdraftError(f"--max-examples: give one count, or one per data file ({len(data)})")
@@ -83,22 +84,23 @@ def training_sequences(
         raise QuickdraftError(f"--distill-examples: give one count, or one per data file ({len(encoded)})")
     decoder = decoder or feature_decoder(loaded)
     chosen = [
-        distilled(decoder, file[:n], distill_tokens, cache, progress, distill_batch) for file, n in zip(encoded, counts)
+        distilled(decoder, file[:n], distill_tokens, answers or cache, progress, distill_batch)
+        for file, n in zip(encoded, counts)
     ]
     rest = [sequence for file, n in zip(encoded, counts) for sequence in file[len(file[:n]) :]]
     return [sequence for file in chosen for sequence in file] + rest
 
 
 def distilled(
-    decoder: Decoder, sequences: list[Sequence], distill_tokens: int, cache: Path, progress: bool, batch: int = 64
+    decoder: Decoder, sequences: list[Sequence], distill_tokens: int, folder: Path, progress: bool, batch: int = 64
 ) -> list[Sequence]:
     """The sequences' prompts with the target's greedy responses (plain decoding by `decoder`).
-    Answers are kept per prompt in `cache` as each batch finishes: only prompts not answered
-    before are run."""
-    saved = answers_file(cache, decoder.target.name, distill_tokens)
+    Answers are kept per prompt in `folder` (one file per target and length) as each batch
+    finishes: only prompts not answered before are run."""
+    saved = answers_file(folder, decoder.target.name, distill_tokens)
     answers = read_answers(saved)
     prompts = [ids[:start] for ids, start in sequences if start > 0]
-    missing = list({tuple(p): (p, len(p)) for p in prompts if tuple(p) not in answers}.values())
+    missing = list({prompt_key(p): (p, len(p)) for p in prompts if prompt_key(p) not in answers}.values())
     if missing:
         made = regenerate(
             decoder,
@@ -108,8 +110,8 @@ def distilled(
             progress=progress,
             on_batch=lambda done: append_answers(saved, done),
         )
-        answers.update((tuple(ids[:start]), ids[start:]) for ids, start in made)
-    return [(p + answers[tuple(p)], len(p)) for p in prompts]
+        answers.update((prompt_key(ids[:start]), ids[start:]) for ids, start in made)
+    return [(p + answers[prompt_key(p)], len(p)) for p in prompts]
 
 
 def train(
@@ -124,6 +126,7 @@ def train(
     distill_tokens: int | None = None,
     distill_examples: int | list[int] | None = None,
     cache: Path | None = None,
+    answers: Path | None = None,
     settings: TrainSettings = TrainSettings(),
     eagle: int = 3,
     progress: bool = True,
@@ -140,7 +143,8 @@ def train(
     pass on a CPU; 16,384 on a GPU, where one example a pass is launch-bound).
     target_precision: what the target computes at for distillation and features (None: the
     checkpoint's own where the native backend has it; see feature_decoder). init: an EAGLE-3
-    head folder to fine-tune instead of starting from the target's layers."""
+    head folder to fine-tune instead of starting from the target's layers. answers: the folder
+    that keeps the target's distilled answers (default: `cache`), read before any prompt is run."""
     if kind not in KINDS:
         raise QuickdraftError(f"unknown head kind {kind!r}; choose one of: {', '.join(KINDS)}")
     if eagle not in (1, 3):
@@ -176,6 +180,7 @@ def train(
         progress,
         distill_batch,
         decoder,
+        answers,
     )
     lm_head = loaded.tensor(LM_HEAD).float()  # the head's own copies, read from the source
     embeddings = loaded.tensor(EMBED).float()
