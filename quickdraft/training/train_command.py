@@ -100,7 +100,8 @@ def distilled(
     saved = answers_file(folder, decoder.target.name, distill_tokens)
     answers = read_answers(saved)
     prompts = [ids[:start] for ids, start in sequences if start > 0]
-    missing = list({prompt_key(p): (p, len(p)) for p in prompts if prompt_key(p) not in answers}.values())
+    keys = [prompt_key(p) for p in prompts]  # a digest of each prompt's ids, made once
+    missing = list({k: (p, len(p)) for k, p in zip(keys, prompts) if k not in answers}.values())
     if missing:
         made = regenerate(
             decoder,
@@ -111,7 +112,7 @@ def distilled(
             on_batch=lambda done: append_answers(saved, done),
         )
         answers.update((prompt_key(ids[:start]), ids[start:]) for ids, start in made)
-    return [(p + answers[prompt_key(p)], len(p)) for p in prompts]
+    return [(p + answers[k], len(p)) for k, p in zip(keys, prompts)]
 
 
 def train(
