@@ -127,18 +127,28 @@ def extract_features(
 def target_features(
     backend: Backend, batch: list[Sequence], layers: tuple[int, ...]
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """One pass of the target's backend over `batch` (each sequence its own rows and cache) -> each
-    sequence's (features bf16 [T, F], choices int32 [T]) as extract_features stores them."""
-    passes = [SeqPass(backend.new_cache(), ids, logits="all", hidden=True, taps=layers) for ids, _ in batch]
+    """The target's backend over `batch` (each sequence its own rows and cache) -> each sequence's
+    (features bf16 [T, F], choices int32 [T]) as extract_features stores them. EAGLE-3 heads learn
+    on responses only (choices -1 in the prompt up to 2 tokens before the response): those prompt
+    rows run first in a pass with no logits: no LM head over most of a long prompt (7% less
+    time on 40 prompts of the licensed mix, SmolLM2-135M at fp32)."""
+    caches = [backend.new_cache() for _ in batch]
+    firsts = [max(start - 2, 0) if layers else 0 for _, start in batch]  # the first row with a choice
+    early = [i for i, first in enumerate(firsts) if first]
+    prompts = [SeqPass(caches[i], batch[i][0][: firsts[i]], logits="none", hidden=True, taps=layers) for i in early]
+    before = dict(zip(early, backend.forward(prompts))) if prompts else {}
+    rest = [
+        SeqPass(cache, tokens[first:], hidden=True, taps=layers)
+        for cache, (tokens, _), first in zip(caches, batch, firsts)
+    ]
     result = []
-    for (tokens, start), out in zip(batch, backend.forward(passes)):
-        # EAGLE-3 heads learn on responses only: their prompts' choices are -1.
-        first = max(start - 2, 0) if layers else 0
+    for i, ((tokens, _), first, out) in enumerate(zip(batch, firsts, backend.forward(rest))):
         picked = torch.full((len(tokens),), -1, dtype=torch.int32)
-        picked[first:] = out.logits[first:].argmax(-1).to(torch.int32).cpu()
+        picked[first:] = out.logits.argmax(-1).to(torch.int32).cpu()
         # hidden: the last hidden state after the final norm [T, H], or with layers the inputs of
         # those layers side by side [T, len(layers) H] (EAGLE-3's features).
-        result.append((out.hidden.to(torch.bfloat16).cpu(), picked))  # [T, F], [T]
+        hidden = torch.cat([before[i].hidden, out.hidden]) if i in before else out.hidden
+        result.append((hidden.to(torch.bfloat16).cpu(), picked))  # [T, F], [T]
     return result
 
 
