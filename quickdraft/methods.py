@@ -16,6 +16,7 @@ from quickdraft.backends.backend import Backend
 from quickdraft.drafters import Drafter, DraftModelDrafter, LookaheadDrafter, NoDrafter, PromptLookupDrafter
 from quickdraft.drafters.cross_vocab import CrossVocabDrafter, VocabMap
 from quickdraft.drafters.eagle import EagleDrafter
+from quickdraft.drafters.head_tree import DEFAULT_TOP_K, tree_shape_for
 from quickdraft.drafters.lookup_branch import LookupBranch
 from quickdraft.drafters.medusa import MedusaDrafter
 from quickdraft.errors import QuickdraftError
@@ -69,7 +70,7 @@ class MethodConfig:
     ngram: int
     candidates: int
     head: str | None
-    tree_top_k: int
+    tree_top_k: int | None
     tree_nodes: int | None
     tree: str
     lookup: bool
@@ -116,9 +117,24 @@ def configure(method: str | None, has_draft_model: bool, **settings: Any) -> Met
     if definition.needs_draft_model and not has_draft_model:
         raise QuickdraftError(f'method "{name}" needs a draft model (pass draft=... or --draft)', "method")
     values = {option.name: option.default for option in OPTIONS} | given
-    values["k"] = (values["k"] if values["k"] is not None else definition.default_k) if definition.speculative else 0
+    values["k"] = (values["k"] if values["k"] is not None else default_k(name, values)) if definition.speculative else 0
     values["draft_length"] = values["draft_length"] or definition.default_draft_length
     return MethodConfig(name, **values, given=tuple(given.items()))
+
+
+def default_k(name: str, values: dict[str, Any]) -> int:
+    """The method's K; EAGLE's tree of nodes the user fixed drafts deeper as they grow."""
+    if name == "eagle" and values["tree_nodes"]:
+        return tree_shape_for(values["tree_nodes"])[0]
+    return METHODS[name].default_k
+
+
+def tree_top_k(config: MethodConfig, nodes: int) -> int:
+    """The user's children per node, else EAGLE's width for its tree size (fixed or the budget),
+    else Medusa's 4."""
+    if config.tree_top_k is not None:
+        return config.tree_top_k
+    return tree_shape_for(nodes)[1] if config.method == "eagle" else DEFAULT_TOP_K
 
 
 def _build_draft(parts: Parts, config: MethodConfig) -> Drafter:
@@ -189,7 +205,12 @@ def lookup_branch(config: MethodConfig) -> LookupBranch | None:
 def _build_medusa(parts: Parts, config: MethodConfig) -> Drafter:
     nodes, pass_ms = tree_nodes(parts, config)
     return MedusaDrafter(
-        shared_head("medusa", parts, config), config.tree_top_k, nodes, config.tree, pass_ms, lookup_branch(config)
+        shared_head("medusa", parts, config),
+        tree_top_k(config, nodes),
+        nodes,
+        config.tree,
+        pass_ms,
+        lookup_branch(config),
     )
 
 
@@ -198,7 +219,7 @@ def _build_eagle(parts: Parts, config: MethodConfig) -> Drafter:
     return EagleDrafter(
         shared_head("eagle", parts, config),
         parts.target_backend.max_length,
-        config.tree_top_k,
+        tree_top_k(config, nodes),
         nodes,
         config.tree,
         pass_ms,

@@ -113,8 +113,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "tree_top_k",
-        "eagle/medusa: children per expanded node and nodes expanded per tree level",
-        default=4,
+        "eagle/medusa: children per expanded node and nodes expanded per tree level (default: 4; "
+        "eagle: wider as tree_nodes grows, 8 at 16 nodes, 16 at 64, and K deeper, 6 and 8)",
         low=1,
         high=MAX_K,
         methods=HEADS,

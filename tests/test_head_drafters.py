@@ -116,6 +116,23 @@ def test_head_drafters_on_the_static_backend_greedy_equal_plain(tiny_target, hea
     assert_speculated(outputs)
 
 
+@pytest.mark.speculation
+def test_a_fixed_eagle_tree_grows_wider_and_deeper_with_its_size_and_stays_exact(tiny_target, heads):
+    """Unless the user names them, EAGLE's children per node and depth follow tree_nodes
+    (tree_shape_for); Medusa keeps 4 children and its heads' depth; the user's settings win."""
+    wide = head_decoder(tiny_target, heads, "eagle3", tree_nodes=64, lookup=False)
+    assert (wide.k, wide.drafter.top_k) == (8, 16)
+    named = head_decoder(tiny_target, heads, "eagle3", 3, tree_nodes=64, tree_top_k=2)
+    assert (named.k, named.drafter.top_k) == (3, 2)
+    medusa = head_decoder(tiny_target, heads, "medusa", tree_nodes=64)
+    assert (medusa.k, medusa.drafter.top_k) == (3, 4)
+    plain = Decoder(loaded(tiny_target, "t"), None, "none")
+    for prompt in ([1, 2, 3], [5, 9, 9, 2, 7, 1, 5, 9]):
+        out = wide.generate(prompt, max_new_tokens=40)
+        assert out.token_ids == plain.generate(prompt, max_new_tokens=40).token_ids
+        assert all(len(step.draft_tokens) <= 64 and (step.tree_depth or 0) <= 8 for step in out.steps)
+
+
 def test_eagle_drafts_deeper_than_one_level_get_accepted(tiny_target, heads):
     """Bound by what the test can guarantee on any machine's kernels, not by the trained head's
     quality: pooled over prompts, the same head drafting four levels deep (lookup off, so every

@@ -5,7 +5,14 @@ import math
 import pytest
 import torch
 
-from quickdraft.drafters.head_tree import TreeShape, draft_tree, grow_tree, keep_most_confident, merge_chain
+from quickdraft.drafters.head_tree import (
+    TreeShape,
+    draft_tree,
+    grow_tree,
+    keep_most_confident,
+    merge_chain,
+    tree_shape_for,
+)
 from quickdraft.errors import QuickdraftError
 from quickdraft.tree import depths
 
@@ -251,3 +258,14 @@ def test_frontier_nodes_whose_descendants_could_not_pay_are_not_expanded_and_the
         assert sum(rows) <= floor_rows <= full_rows
         saved += floor_rows - sum(rows)
     assert saved > 0  # rows the costs spared beyond the floor
+
+
+def test_a_larger_tree_is_drafted_wider_and_deeper_within_bounds():
+    shapes = [tree_shape_for(nodes) for nodes in range(1, 257)]
+    assert all(5 <= depth <= 8 and 4 <= top_k <= 16 for depth, top_k in shapes)
+    assert shapes == sorted(shapes)  # neither shrinks as the tree grows
+    # The sizes measured on Spec-Bench (docs/bench/heads.md): small trees keep SGLang's 5 x 4.
+    assert [tree_shape_for(nodes) for nodes in (4, 16, 64)] == [(5, 4), (6, 8), (8, 16)]
+    rows: list[int] = []
+    tokens, parents = kept(children_logp(()), path_head(rows), TreeShape(*tree_shape_for(64), nodes=64))
+    assert len(tokens) == 64 and max(depths(parents)) > 5 and max(rows) == 16
