@@ -224,6 +224,15 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
     )
     train.add_argument("--unroll", type=int, default=4, help="eagle 3: steps unrolled on the head's own outputs")
     train.add_argument("--context", type=int, default=128, help="eagle 3: prompt tokens kept before a response")
+    train.add_argument(
+        "--prompt-rows",
+        type=float,
+        default=0.0,
+        metavar="WEIGHT",
+        help="eagle 3: also learn the target's choices on prompt rows, each weighted WEIGHT against a "
+        "response row's 1 (0: responses only; the features need the prompts' choices, see "
+        "scripts/prompt_choices.py)",
+    )
     train.add_argument("--heads", type=int, default=3, help="medusa: number of heads")
     train.add_argument("--steps", type=int, default=2000)
     train.add_argument("--positions", type=int, default=256, help="medusa: sampled positions per step")
@@ -488,6 +497,7 @@ def _train(args: argparse.Namespace) -> int:
         vocab=args.vocab,
         unroll=args.unroll,
         context=args.context,
+        prompt_rows=args.prompt_rows,
         schedule=args.schedule,
         device=str(resolve_device(args.device)),
         precision=args.precision,

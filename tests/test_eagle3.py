@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,11 +23,13 @@ from quickdraft.heads.format import load_eagle
 from quickdraft.training.data import Example
 from quickdraft.training.features import encode_example, extract_features, load_features
 from quickdraft.training.loop import TrainSettings, training_vocabulary
-from quickdraft.training.train_eagle3 import train_eagle3, unroll_mask, unrolled_states
+from quickdraft.training.train_eagle import Sequences, eagle_batch
+from quickdraft.training.train_eagle3 import train_eagle3, unroll_mask, unrolled_loss, unrolled_states
 from quickdraft.training.train_precision import PRECISIONS
-from quickdraft.training.vocab import coverage, draft_vocabulary
+from quickdraft.training.vocab import coverage, draft_vocabulary, vocabulary_index
 
 H, V = 32, 50
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 CONFIG = Eagle3Config(
     hidden=H, intermediate=64, heads=4, kv_heads=2, head_dim=8, rope_theta=10000.0, eps=1e-6, features=(0, 1, 2)
 )
@@ -234,3 +238,84 @@ def test_eagle3_heads_are_refused_where_they_cannot_run(tiny_target, fused, tmp_
         Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(tmp_path / "h"), full_vocab=True)
     with pytest.raises(QuickdraftError, match="inner layers"):
         Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(tmp_path / "h"), backend="llama.cpp")
+
+
+# --- prompt rows ---------------------------------------------------------------------------------
+
+
+def test_path_counts_the_inputs_that_were_the_targets_choices():
+    """x_{j+1} == c(j) unbroken up to j: how many unrolled steps at j are a path drafting could have accepted."""
+    tokens, choice = torch.tensor([5, 6, 7, 8, 9, 10]), torch.tensor([6, 7, 0, 9, 10, -1])
+    data = Sequences([tokens], [choice], [torch.zeros(6, H)], [6])
+    batch = eagle_batch(data, [0], 16, torch.arange(V), 0.0, torch.Generator())
+    assert batch["path"].tolist() == [[1, 2, 0, 1, 2]]  # 8 was not the target's choice 0
+
+
+def test_prompt_rows_count_where_asked_and_deep_steps_only_on_accepted_paths():
+    head = tiny_head()
+    torch.manual_seed(3)
+    n = 12
+    tokens = torch.randint(1, V // 2, (n,)) * 2  # in the draft vocabulary (the even tokens)
+    choice = torch.cat([tokens[1:], torch.tensor([2])])  # the target chose each next token...
+    choice[4] = 0  # ...but one: token 5 is a person's, a path through it is never accepted
+    data = Sequences([tokens], [choice], [torch.randn(n, 3 * H)], [9])  # the response from token 9
+    batch = eagle_batch(data, [0], 16, vocabulary_index(head.vocab, V), 0.0, torch.Generator())
+    states = list(unrolled_states(head, batch["hidden"], batch["tokens"], batch["positions"], 2))
+    labels = batch["labels"]
+
+    def ce(step: int, rows: torch.Tensor, share: torch.Tensor) -> torch.Tensor:
+        per_row = torch.nn.functional.cross_entropy(head.logits(states[step][rows]), labels[rows], reduction="none")
+        return (per_row * share[rows]).sum() / share[rows].sum()
+
+    with torch.no_grad():
+        response = batch["response"] & (labels >= 0)
+        alone, _ = unrolled_loss(head, batch, 1, "response")
+        torch.testing.assert_close(alone, ce(0, response, torch.ones_like(labels, dtype=torch.float)))
+        weighted, _ = unrolled_loss(head, batch, 2, "response", prompt_rows=0.25)
+        share = torch.where(batch["response"], 1.0, 0.25)
+        every = batch["weight"] & (labels >= 0)
+        accepted = every & (batch["path"] >= 1) & (torch.arange(n - 1) >= 1)[None]  # row 0: no parent
+        assert every.all() and not accepted[0, 4]  # row 4's input was not the target's choice
+        expected = (ce(0, every, share) + 0.8 * ce(1, accepted, share)) / 1.8
+        torch.testing.assert_close(weighted, expected)
+
+
+def test_prompt_choices_are_the_targets_own(tiny_target, fused):
+    """scripts/prompt_choices.py: the target's last layers from the last cached tap give the
+    choices its full pass gives, on the prompt rows the extraction left without."""
+    spec = importlib.util.spec_from_file_location("prompt_choices", SCRIPTS / "prompt_choices.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    shards, config = fused
+    shard = shards[0]
+    filled = script.fill_shard(tiny_target, shard, config.features[-1])
+    offsets, starts = shard["offsets"].tolist(), shard["starts"].tolist()
+    assert (shard["choice"] < 0).any() and (filled["choice"] >= 0).all()
+    for begin, end, start in zip(offsets, offsets[1:], starts):
+        with torch.no_grad():
+            full = tiny_target(shard["tokens"][begin:end].long()[None]).logits[0].argmax(-1)  # [T]
+        prompt = slice(begin, begin + max(start - 2, 0))
+        assert torch.equal(filled["choice"][prompt].long(), full[: prompt.stop - begin])
+        assert torch.equal(filled["choice"][prompt.stop : end], shard["choice"][prompt.stop : end])  # kept
+
+
+def test_features_with_prompt_choices_choose_on_every_row(tiny_target, fused, tmp_path):
+    """extract_features(prompt_choices=True) (what `train --prompt-rows` reads): the same
+    features, the target's choice on every row, shards named apart from the responses-only ones."""
+    shards, config = fused
+    text = "abcdefgh ijk " * 10
+    sequences = [encode_example(IdTokenizer(), Example(text[:i], text[i:] + text[:i]), 256) for i in range(1, 41)]
+    backend = target_backend(tiny_target)
+    folder = extract_features(backend, sequences, tmp_path, progress=False, layers=config.features, prompt_choices=True)
+    names = json.loads((folder / "index.json").read_text())["shards"]
+    assert names and all(name.endswith("-prompts.safetensors") for name in names)
+    every = load_features(folder)
+    for plain, full in zip(shards, every):
+        assert torch.equal(plain["hidden"], full["hidden"]) and (full["choice"] >= 0).all()
+        answered = plain["choice"] >= 0
+        assert torch.equal(full["choice"][answered], plain["choice"][answered])
+        offsets = full["offsets"].tolist()
+        for begin, end in zip(offsets, offsets[1:]):
+            with torch.no_grad():
+                chosen = tiny_target(full["tokens"][begin:end].long()[None]).logits[0].argmax(-1)  # [T]
+            assert torch.equal(full["choice"][begin:end].long(), chosen)

@@ -275,7 +275,7 @@ def test_batched_head_drafters_equal_each_alone(tiny_target, heads, method, prec
         scheduler.submit(collector.job(prompt, length, name, k=k))
     scheduler.start()
     for collector in collectors:
-        assert collector.done.wait(60)
+        assert collector.done.wait(300)  # a stall, not a speed: 60 s failed on 2 busy cores
     scheduler.stop()
     for collector, prompt, (name, k), length in zip(collectors, PROMPTS, jobs, lengths):
         alone = decoder.with_method(name, k).generate(prompt, max_new_tokens=length)

@@ -353,6 +353,11 @@ def test_train_command_refuses_evaluation_data_before_loading_anything(tmp_path,
     assert "--distill-batch must be >= 1" in capsys.readouterr().err
     assert main(["train", "eagle", "--data", str(good), "--output", str(tmp_path / "out"), "--feature-batch", "0"]) == 2
     assert "--feature-batch must be >= 1" in capsys.readouterr().err
+    base = ["train", "eagle", "--data", str(good), "--output", str(tmp_path / "out")]
+    assert main([*base, "--prompt-rows", "-0.5"]) == 2
+    assert "--prompt-rows must be >= 0" in capsys.readouterr().err
+    assert main([*base, "--prompt-rows", "0.5", "--eagle", "1"]) == 2
+    assert "--prompt-rows trains EAGLE-3 heads only" in capsys.readouterr().err
 
 
 def test_training_runs_where_the_device_flag_says(tmp_path, capsys):

@@ -75,6 +75,7 @@ def extract_features(
     layers: tuple[int, ...] = (),
     shard_examples: int = SHARD_EXAMPLES,
     batch_tokens: int = 1,
+    prompt_choices: bool = False,
 ) -> Path:
     """Write shards features-<digest>.safetensors (tokens int32 [N], hidden bf16 [N, H] or, with
     `layers`, the inputs of those target layers side by side [N, len(layers) H] (EAGLE-3's
@@ -85,9 +86,11 @@ def extract_features(
     reusing the examples a run shares with an earlier one). shard_examples: examples a shard on
     average. A shard's examples run through the target's `backend` in passes of at most
     `batch_tokens` tokens (1: one example a pass; on a GPU one example a pass is bound by kernel
-    launches)."""
+    launches). prompt_choices: with `layers`, the target's choices on prompt rows too (for heads
+    that learn on prompts, `train --prompt-rows`; shards named apart)."""
     folder.mkdir(parents=True, exist_ok=True)
     suffix = f"-layers-{'-'.join(map(str, layers))}" if layers else ""
+    suffix += "-prompts" if layers and prompt_choices else ""
     bar = tqdm(total=len(sequences), desc="features", unit="example", disable=not progress)
     names = []
     for shard in shard_sequences(sequences, shard_examples):
@@ -103,7 +106,7 @@ def extract_features(
             continue
         made: list[tuple[torch.Tensor, torch.Tensor]] = [None] * len(kept)  # type: ignore[list-item]
         for batch in feature_batches([len(ids) for ids, _ in kept], batch_tokens):
-            for i, features in zip(batch, target_features(backend, [kept[i] for i in batch], layers)):
+            for i, features in zip(batch, target_features(backend, [kept[i] for i in batch], layers, prompt_choices)):
                 made[i] = features
             bar.update(len(batch))
         staging = folder / (name + ".partial")
@@ -125,15 +128,15 @@ def extract_features(
 
 
 def target_features(
-    backend: Backend, batch: list[Sequence], layers: tuple[int, ...]
+    backend: Backend, batch: list[Sequence], layers: tuple[int, ...], prompt_choices: bool = False
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The target's backend over `batch` (each sequence its own rows and cache) -> each sequence's
     (features bf16 [T, F], choices int32 [T]) as extract_features stores them. EAGLE-3 heads learn
     on responses only (choices -1 in the prompt up to 2 tokens before the response): those prompt
     rows run first in a pass with no logits: no LM head over most of a long prompt (7% less
-    time on 40 prompts of the licensed mix, SmolLM2-135M at fp32)."""
+    time on 40 prompts of the licensed mix, SmolLM2-135M at fp32); prompt_choices: every row's."""
     caches = [backend.new_cache() for _ in batch]
-    firsts = [max(start - 2, 0) if layers else 0 for _, start in batch]  # the first row with a choice
+    firsts = [max(start - 2, 0) if layers and not prompt_choices else 0 for _, start in batch]  # first with a choice
     early = [i for i, first in enumerate(firsts) if first]
     prompts = [SeqPass(caches[i], batch[i][0][: firsts[i]], logits="none", hidden=True, taps=layers) for i in early]
     before = dict(zip(early, backend.forward(prompts))) if prompts else {}

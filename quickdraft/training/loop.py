@@ -33,6 +33,7 @@ class TrainSettings:
     classification: float = 0.1  # EAGLE: weight of the cross-entropy on the next choice (regression: 1)
     unroll: int = 4  # EAGLE-3: steps the head is unrolled on its own outputs (training-time test)
     context: int = 128  # EAGLE-3: prompt tokens kept before each response
+    prompt_rows: float = 0.0  # EAGLE-3: loss weight of prompt rows with the target's choices (0: responses only)
     schedule: str = "constant"  # learning rate: "constant", or "cosine" (warm-up, then down to a tenth)
     eval_every: int = 100
     checkpoint_every: int = 200

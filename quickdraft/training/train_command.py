@@ -152,6 +152,10 @@ def train(
         raise QuickdraftError(f"--eagle must be 1 or 3, got {eagle}")
     if settings.unroll < 1:
         raise QuickdraftError(f"--unroll must be >= 1, got {settings.unroll}")
+    if settings.prompt_rows < 0:
+        raise QuickdraftError(f"--prompt-rows must be >= 0, got {settings.prompt_rows}")
+    if settings.prompt_rows > 0 and (kind, eagle) != ("eagle", 3):
+        raise QuickdraftError("--prompt-rows trains EAGLE-3 heads only (train eagle --eagle 3)")
     if heads < 1:
         raise QuickdraftError(f"--heads must be >= 1, got {heads}")
     if init is not None and (kind, eagle) != ("eagle", 3):
@@ -190,7 +194,13 @@ def train(
         config = Eagle3Config.from_target(loaded.config)
         shards = load_features(
             extract_features(
-                backend, sequences, cache / "features-eagle3", progress, config.features, batch_tokens=feature_batch
+                backend,
+                sequences,
+                cache / "features-eagle3",
+                progress,
+                config.features,
+                batch_tokens=feature_batch,
+                prompt_choices=settings.prompt_rows > 0,
             )
         )
         norm = loaded.tensor(NORM).float()

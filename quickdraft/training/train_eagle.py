@@ -44,7 +44,9 @@ def eagle_batch(
 ) -> dict[str, torch.Tensor]:
     """Padded inputs for the EAGLE head: input j is (f_j, x_{j+1}); it should predict f_{j+1} and
     the target's own choice after j + 1 (its greedy guess of x_{j+2}). A random window of at most
-    `window` positions per sequence. "response" marks inputs whose x_{j+2} is a response token."""
+    `window` positions per sequence. "response" marks inputs whose x_{j+2} is a response token;
+    "path" counts the inputs up to j whose token x_{j+1} was the target's own choice, unbroken (on
+    a greedy response all of them; in a prompt, where a person wrote the text, often few)."""
     parts = []
     for i in chosen:
         tokens, choice, hidden = data.tokens[i], data.choice[i], data.hidden[i]
@@ -62,12 +64,14 @@ def eagle_batch(
     states, inputs = torch.zeros(b, t, h), torch.zeros(b, t, dtype=torch.long)
     targets, labels = torch.zeros(b, t, h), torch.full((b, t), -1, dtype=torch.long)
     weight, response = torch.zeros(b, t, dtype=torch.bool), torch.zeros(b, t, dtype=torch.bool)
+    agree = torch.zeros(b, t, dtype=torch.bool)
     for row, (tokens, choice, hidden, start) in enumerate(parts):
         n = len(tokens) - 1
         states[row, :n], inputs[row, :n], targets[row, :n] = hidden[:-1], tokens[1:], hidden[1:]
         labels[row, :n] = torch.where(choice[1:] >= 0, index[choice[1:].clamp(min=0)], -1)  # -1: not extracted
         weight[row, :n] = True
         response[row, max(start - 2, 0) : n] = True
+        agree[row, :n] = (tokens[1:] == choice[:-1]) & (choice[:-1] >= 0)  # x_{j+1}: the target's own choice
     if noise > 0:
         scale = states.pow(2).mean().sqrt() * noise
         states = states + (torch.rand(states.shape, generator=generator) * 2 - 1) * scale
@@ -75,6 +79,9 @@ def eagle_batch(
     mask = causal[None] & weight[:, None, :]  # [B, T, T]
     mask |= torch.eye(t, dtype=torch.bool)[None]  # padded rows see themselves (their loss is masked)
     positions = torch.arange(t)[None].expand(b, t)
+    path = torch.zeros(b, t, dtype=torch.long)  # inputs in a row, ending at j, that were the target's choices
+    for j in range(t):
+        path[:, j] = (path[:, j - 1] + 1 if j else 1) * agree[:, j]
     return {
         "hidden": states,
         "tokens": inputs,
@@ -84,6 +91,7 @@ def eagle_batch(
         "labels": labels,
         "weight": weight,
         "response": response,
+        "path": path,
     }
 
 

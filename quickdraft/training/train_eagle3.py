@@ -28,6 +28,8 @@ from quickdraft.training.loop import TrainSettings, held_out, optimise, save_hea
 from quickdraft.training.train_eagle import Sequences, eagle_batch, eagle_sequences
 from quickdraft.training.vocab import vocabulary_index
 
+EVAL_CONTEXT = 128  # held-out top-1 reads responses after this many prompt tokens, whatever a run's --context
+
 
 def unroll_mask(t: int, step: int) -> torch.Tensor:
     """[T, (step + 1) T] bool: step `step`'s queries over the keys of steps 0..step, side by side.
@@ -55,20 +57,35 @@ def unrolled_states(
 
 
 def unrolled_loss(
-    head: Eagle3Head, batch: dict[str, torch.Tensor], steps: int, where: str = "weight", decay: float = 0.8
+    head: Eagle3Head,
+    batch: dict[str, torch.Tensor],
+    steps: int,
+    where: str = "weight",
+    decay: float = 0.8,
+    prompt_rows: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy on the target's choices over `steps` unrolled steps (weights decay^j,
     normalised) -> (loss, top-1 accuracy per step [steps]) over positions batch[where] that step j
-    can reach (t >= j)."""
+    can reach (t >= j). prompt_rows > 0: every row with a choice counts, prompt rows weighted
+    prompt_rows against a response row's 1, and step j only where the j tokens on its path were
+    the target's own choices (a drafted path that could be accepted; a prompt's text often is not)."""
     labels = batch["labels"]  # [B, T] draft-vocabulary index, -1 outside it
     t = labels.shape[1]
     weights = [decay**j / sum(decay**i for i in range(steps)) for j in range(steps)]
+    rows = torch.where(batch["response"], 1.0, prompt_rows)  # [B, T] each row's share of the loss
     losses, accuracy = [], []
     for j, h in enumerate(unrolled_states(head, batch["hidden"], batch["tokens"], batch["positions"], steps)):
-        reach = batch[where] & (torch.arange(t, device=labels.device) >= j)[None]  # [B, T]
+        late = (torch.arange(t, device=labels.device) >= j)[None]  # [1, T] step j needs j earlier rows
+        reach = late & (batch["weight"] & (batch["path"] >= j) if prompt_rows > 0 else batch[where])  # [B, T]
         known = reach & (labels >= 0)
         logits = head.logits(h[known])  # [n, V']: only rows with a loss (the LM head is the dear part)
-        losses.append(F.cross_entropy(logits, labels[known]) if known.any() else h.sum() * 0)
+        if not known.any():
+            losses.append(h.sum() * 0)
+        elif prompt_rows > 0:
+            share = rows[known]  # [n]
+            losses.append((F.cross_entropy(logits, labels[known], reduction="none") * share).sum() / share.sum())
+        else:
+            losses.append(F.cross_entropy(logits, labels[known]))
         correct = (logits.argmax(-1) == labels[known]).sum().float()
         accuracy.append(correct / reach.sum().clamp(min=1))  # out-of-vocabulary counts as a miss
     return sum(w * loss for w, loss in zip(weights, losses)), torch.stack(accuracy).detach()
@@ -134,7 +151,9 @@ def train_eagle3(
     start = starting_head(init, config, full) if init is not None else None
     vocab = training_vocabulary(shards, settings, full, folder, None if start is None else start["vocab"])
     index = vocabulary_index(vocab, full)
-    data = crop_prompts(eagle_sequences(shards), settings.context)
+    whole = eagle_sequences(shards)
+    data = crop_prompts(whole, settings.context)
+    eval_data = crop_prompts(whole, EVAL_CONTEXT)
     held = held_out(shards, settings)
     train_ids, eval_ids = (~held).nonzero()[:, 0], held.nonzero()[:, 0]
     head = Eagle3Head(config, embed, vocab, lm_head, norm)
@@ -143,13 +162,15 @@ def train_eagle3(
     else:
         head.load_state_dict(start)  # bf16 values into the fp32 parameters
     eval_batch = eagle_batch(
-        data, eval_ids[:32].tolist(), settings.window, index, 0.0, torch.Generator().manual_seed(0)
+        eval_data, eval_ids[:32].tolist(), settings.window, index, 0.0, torch.Generator().manual_seed(0)
     )
 
     def step_loss(generator: torch.Generator) -> torch.Tensor:
         chosen = train_ids[torch.randint(len(train_ids), (settings.sequences,), generator=generator)].tolist()
         batch = eagle_batch(data, chosen, settings.window, index, 0.0, generator)
-        return unrolled_loss(head, to_device(batch, settings.device), settings.unroll, "response")[0]
+        return unrolled_loss(
+            head, to_device(batch, settings.device), settings.unroll, "response", prompt_rows=settings.prompt_rows
+        )[0]
 
     @torch.no_grad()
     def evaluate() -> torch.Tensor:  # held-out response positions: what drafting sees
