@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 import torch
@@ -30,7 +29,9 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
+from quickdraft.heads.config import Eagle3Config
 from quickdraft.models.loading import load_model
+from quickdraft.training.features import PROMPT_CHOICES
 
 FEATURES = "features-eagle3"
 
@@ -74,13 +75,13 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = args.cache / FEATURES
-    names = [name for name in json.loads((folder / "index.json").read_text())["shards"] if "-prompts" not in name]
+    names = [name for name in json.loads((folder / "index.json").read_text())["shards"] if PROMPT_CHOICES not in name]
     model = load_model(args.model).transformers_model(torch.float32).eval()
+    layer = Eagle3Config.from_target(model.config).features[-1]  # the last tap, as the train command took it
     for name in tqdm(names, desc="prompt choices", unit="shard"):
-        filled = name.replace(".safetensors", "-prompts.safetensors")  # extract_features' name with prompt_choices
+        filled = name.replace(".safetensors", f"{PROMPT_CHOICES}.safetensors")  # extract_features' name for it
         if (folder / filled).is_file():
             continue
-        layer = int(re.search(r"-layers-[\d-]*?(\d+)\.safetensors$", name).group(1))  # the last tap
         staging = folder / (filled + ".partial")
         save_file(fill_shard(model, load_file(str(folder / name)), layer), str(staging))
         staging.rename(folder / filled)  # atomic: a half-written shard is never read

@@ -20,6 +20,7 @@ from quickdraft.training.data import Example
 
 Sequence = tuple[list[int], int]  # token ids of a conversation, and where its response starts
 SHARD_EXAMPLES = 64  # examples per shard file on average: a crash loses at most one shard
+PROMPT_CHOICES = "-prompts"  # in a shard's name: the target's choices on its prompt rows too
 
 
 def encode_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_tokens: int) -> Sequence:
@@ -90,7 +91,7 @@ def extract_features(
     that learn on prompts, `train --prompt-rows`; shards named apart)."""
     folder.mkdir(parents=True, exist_ok=True)
     suffix = f"-layers-{'-'.join(map(str, layers))}" if layers else ""
-    suffix += "-prompts" if layers and prompt_choices else ""
+    suffix += PROMPT_CHOICES if layers and prompt_choices else ""
     bar = tqdm(total=len(sequences), desc="features", unit="example", disable=not progress)
     names = []
     for shard in shard_sequences(sequences, shard_examples):
