@@ -100,12 +100,17 @@ def target_tables(target) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return target.lm_head.weight.detach(), target.model.norm.weight.detach(), target.model.embed_tokens.weight.detach()
 
 
+def fused_sequences() -> list[tuple[list[int], int]]:
+    """40 examples of a repeating text, prompts 1 to 40 characters long: what `fused` extracts."""
+    text = "abcdefgh ijk " * 10
+    return [encode_example(IdTokenizer(), Example(text[:i], text[i:] + text[:i]), 256) for i in range(1, 41)]
+
+
 @pytest.fixture(scope="module")
 def fused(tiny_target, tmp_path_factory):
     """Features of a repeating text at the tiny target's layers (0, 1, 1), and the head's config."""
     config = Eagle3Config.from_target(tiny_target.config)
-    text = "abcdefgh ijk " * 10
-    sequences = [encode_example(IdTokenizer(), Example(text[:i], text[i:] + text[:i]), 256) for i in range(1, 41)]
+    sequences = fused_sequences()
     folder = tmp_path_factory.mktemp("fused")
     shards = load_features(
         extract_features(target_backend(tiny_target), sequences, folder, progress=False, layers=config.features)
@@ -303,8 +308,7 @@ def test_features_with_prompt_choices_choose_on_every_row(tiny_target, fused, tm
     """extract_features(prompt_choices=True) (what `train --prompt-rows` reads): the same
     features, the target's choice on every row, shards named apart from the responses-only ones."""
     shards, config = fused
-    text = "abcdefgh ijk " * 10
-    sequences = [encode_example(IdTokenizer(), Example(text[:i], text[i:] + text[:i]), 256) for i in range(1, 41)]
+    sequences = fused_sequences()
     backend = target_backend(tiny_target)
     folder = extract_features(backend, sequences, tmp_path, progress=False, layers=config.features, prompt_choices=True)
     names = json.loads((folder / "index.json").read_text())["shards"]
