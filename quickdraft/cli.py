@@ -223,6 +223,14 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
         "quickdraft/heads/shipped/<target>/eagle) instead of starting from the target's layers",
     )
     train.add_argument("--unroll", type=int, default=4, help="eagle 3: steps unrolled on the head's own outputs")
+    train.add_argument(
+        "--head-layers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="eagle 3: decoder layers of the head (default 1; more guess better and draft slower; "
+        "with --init, layers the head lacks are added)",
+    )
     train.add_argument("--context", type=int, default=128, help="eagle 3: prompt tokens kept before a response")
     train.add_argument(
         "--prompt-rows",
@@ -511,6 +519,7 @@ def _train(args: argparse.Namespace) -> int:
         args.data,
         args.output,
         heads=args.heads,
+        head_layers=args.head_layers,
         max_examples=_one_or_each(args.max_examples),
         max_tokens=args.max_tokens,
         distill_tokens=args.distill,

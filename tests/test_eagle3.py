@@ -15,11 +15,11 @@ from test_heads import IdTokenizer
 from transformers import Gemma3TextConfig, LlamaConfig
 
 from quickdraft import Decoder
-from quickdraft.backends.kv_cache import KVCache
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.config import Eagle3Config, EagleConfig, feature_layers
 from quickdraft.heads.eagle3 import Eagle3Head
 from quickdraft.heads.format import load_eagle
+from quickdraft.models.rotary import rotate
 from quickdraft.training.data import Example
 from quickdraft.training.features import encode_example, extract_features, load_features
 from quickdraft.training.loop import TrainSettings, training_vocabulary
@@ -35,9 +35,9 @@ CONFIG = Eagle3Config(
 )
 
 
-def tiny_head(seed: int = 0) -> Eagle3Head:
+def tiny_head(seed: int = 0, layers: int = 1) -> Eagle3Head:
     torch.manual_seed(seed)
-    head = Eagle3Head(CONFIG, torch.randn(V, H), torch.arange(0, V, 2))
+    head = Eagle3Head(replace(CONFIG, layers=layers), torch.randn(V, H), torch.arange(0, V, 2))
     for parameter in head.parameters():  # norms too: a test of where each weight goes
         torch.nn.init.normal_(parameter, std=0.3)
     return head.eval()
@@ -64,18 +64,19 @@ def test_unroll_mask_is_the_drafting_tree_attention():
     assert not mask[1, :5].any() and mask[1, 11]  # t < step: nothing verified (such rows have no loss)
 
 
+@pytest.mark.parametrize("layers", [1, 2, 3])
 @torch.no_grad()
-def test_unrolled_steps_equal_drafting_with_a_cache():
+def test_unrolled_steps_equal_drafting_with_a_cache(layers):
     """h^j at t from the unrolled training pass == the drafter's chain node at depth j, whose
-    parent chain starts after verified pairs 0..t-j."""
-    head = tiny_head()
+    parent chain starts after verified pairs 0..t-j (every layer of the head keeps its own keys)."""
+    head = tiny_head(layers=layers)
     t, steps = 12, 4
     features = torch.randn(1, t, 3 * H)
     tokens = torch.randint(0, V, (1, t))
     positions = torch.arange(t)[None]
     states = list(unrolled_states(head, features, tokens, positions, steps))
     for root in (3, 6):
-        cache = KVCache(1, CONFIG.kv_heads, CONFIG.head_dim, 64)
+        cache = head.new_cache(64)
         mask = torch.ones(root, root, dtype=torch.bool).tril()[None]
         out = head(features[:, :root], tokens[:, :root], positions[:, :root], mask, cache)
         cache.advance(root)
@@ -90,6 +91,37 @@ def test_unrolled_steps_equal_drafting_with_a_cache():
             cache.advance(1)
             predicted = out[0, 0]
             torch.testing.assert_close(predicted, states[depth][0, position], atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_later_layers_are_plain_pre_norm_layers_over_the_first():
+    """A two-layer head's output == its first layer's, then a pre-norm attention and MLP written out here."""
+    head = tiny_head(layers=2)
+    t = 6
+    features, tokens, positions = torch.randn(1, t, 3 * H), torch.randint(0, V, (1, t)), torch.arange(t)[None]
+    mask = torch.ones(t, t, dtype=torch.bool).tril()[None]
+    one = Eagle3Head(CONFIG, head.embed, head.vocab)
+    one.load_state_dict({k: v for k, v in head.state_dict().items() if not k.startswith("layers.")})
+    first = one(features, tokens, positions, mask)  # [1, T, H]
+    layer, c = head.layers["1"], CONFIG
+    x = layer.input_layernorm(first)
+    cos, sin = head.rotation(positions)
+    q = rotate(layer.self_attn.q_proj(x).view(1, t, c.heads, c.head_dim).transpose(1, 2), cos, sin)
+    k = rotate(layer.self_attn.k_proj(x).view(1, t, c.kv_heads, c.head_dim).transpose(1, 2), cos, sin)
+    v = layer.self_attn.v_proj(x).view(1, t, c.kv_heads, c.head_dim).transpose(1, 2)
+    k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)  # 4 query heads share 2 kv heads
+    scores = (q @ k.transpose(-1, -2)) / c.head_dim**0.5 + torch.where(mask, 0.0, -torch.inf)[:, None]
+    attended = (scores.softmax(-1) @ v).transpose(1, 2).reshape(1, t, -1)
+    y = first + layer.self_attn.o_proj(attended)
+    z = layer.post_attention_layernorm(y)
+    expected = y + layer.mlp.down_proj(torch.nn.functional.silu(layer.mlp.gate_proj(z)) * layer.mlp.up_proj(z))
+    torch.testing.assert_close(head(features, tokens, positions, mask), expected, atol=1e-5, rtol=1e-5)
+    assert head.new_cache(8).layers == 2
+    assert (
+        Eagle3Config.from_dict({k: v for k, v in CONFIG.to_dict().items() if k != "layers"}).layers == 1
+    )  # older heads
+    with pytest.raises(QuickdraftError, match="at least one layer"):
+        replace(CONFIG, layers=0)
 
 
 # --- training and saving on a tiny target -----------------------------------------------------
@@ -211,6 +243,36 @@ def test_a_run_can_fine_tune_a_saved_head(tiny_target, fused, tmp_path):
     other = replace(config, intermediate=config.intermediate * 2)
     with pytest.raises(QuickdraftError, match="another target"):
         train_eagle3(shards, *tables, other, tmp_path / "y", still, "tiny", progress=False, init=tmp_path / "first")
+
+
+def test_a_saved_head_grows_layers_that_start_silent_then_learn(tiny_target, fused, tmp_path):
+    """--init with --head-layers above the head's: the grown head guesses as the saved one did
+    until trained; its new layer then learns, and a head cannot shrink."""
+    shards, config = fused
+    tables = target_tables(tiny_target)
+    settings = TrainSettings(steps=20, sequences=4, window=64, lr=3e-3, unroll=2, vocab=6, precision="fp32")
+    first = train_eagle3(shards, *tables, config, tmp_path / "first", settings, "tiny", progress=False)
+    two = replace(config, layers=2)
+    still = replace(settings, steps=1, lr=0.0)
+    grown = train_eagle3(
+        shards, *tables, two, tmp_path / "grown", still, "tiny", progress=False, init=tmp_path / "first"
+    )
+    assert grown["layer"]["layers"] == 2 and grown["held_out_top1"] == first["held_out_top1"]
+    before, after = load_eagle(tmp_path / "first", *tables[::2]), load_eagle(tmp_path / "grown", *tables[::2])
+    features, tokens = torch.randn(1, 5, 3 * config.hidden), torch.tensor([[1, 2, 3, 4, 5]])
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()[None]
+    with torch.no_grad():
+        torch.testing.assert_close(
+            after(features, tokens, torch.arange(5)[None], mask), before(features, tokens, torch.arange(5)[None], mask)
+        )
+    trained = train_eagle3(
+        shards, *tables, two, tmp_path / "trained", settings, "tiny", progress=False, init=tmp_path / "first"
+    )
+    layer = load_eagle(tmp_path / "trained", *tables[::2]).layers["1"]
+    assert layer.self_attn.o_proj.weight.abs().sum() > 0 and layer.mlp.down_proj.weight.abs().sum() > 0
+    with pytest.raises(QuickdraftError, match="cannot hold"):
+        train_eagle3(shards, *tables, config, tmp_path / "z", still, "tiny", progress=False, init=tmp_path / "grown")
+    assert trained["steps"] == 20
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerFast
 from quickdraft.cli import main
 from quickdraft.drafters.drafter import DraftRequest
 from quickdraft.drafters.eagle import EagleDrafter
+from quickdraft.errors import QuickdraftError
 from quickdraft.heads.config import Eagle3Config, EagleConfig
 from quickdraft.heads.eagle3 import Eagle3Head
 from quickdraft.heads.eagle_head import EagleHead
@@ -223,24 +224,35 @@ def engine_forward(
         return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
     t = len(tokens)
+
+    def attention(x, layer):  # [T, in] -> [T, heads * D], causal
+        q = rope((x @ w[f"{layer}self_attn.q_proj.weight"].T).view(t, heads, d))
+        k = rope((x @ w[f"{layer}self_attn.k_proj.weight"].T).view(t, kv, d)).repeat_interleave(heads // kv, 1)
+        v = (x @ w[f"{layer}self_attn.v_proj.weight"].T).view(t, kv, d).repeat_interleave(heads // kv, 1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) / d**0.5
+        scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+        return (
+            torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(t, heads * d)
+            @ w[f"{layer}self_attn.o_proj.weight"].T
+        )
+
+    def mlp(x, layer):
+        silu = torch.nn.functional.silu(x @ w[f"{layer}mlp.gate_proj.weight"].T)
+        return (silu * (x @ w[f"{layer}mlp.up_proj.weight"].T)) @ w[f"{layer}mlp.down_proj.weight"].T
+
     hidden = features @ w["fc.weight"].T  # combine_hidden_states
     residual = hidden  # norm_before_residual false: the residual is the un-normed state
     x = torch.cat(
         [rms(embed[tokens], w["midlayer.input_layernorm.weight"]), rms(hidden, w["midlayer.hidden_norm.weight"])],
         dim=-1,
     )  # [embeds, hidden_states]
-    q = rope((x @ w["midlayer.self_attn.q_proj.weight"].T).view(t, heads, d))
-    k = rope((x @ w["midlayer.self_attn.k_proj.weight"].T).view(t, kv, d)).repeat_interleave(heads // kv, 1)
-    v = (x @ w["midlayer.self_attn.v_proj.weight"].T).view(t, kv, d).repeat_interleave(heads // kv, 1)
-    scores = torch.einsum("qhd,khd->hqk", q, k) / d**0.5
-    scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
-    attn = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(t, heads * d)
-    residual = attn @ w["midlayer.self_attn.o_proj.weight"].T + residual  # post_attention_layernorm(h, residual)
-    x = rms(residual, w["midlayer.post_attention_layernorm.weight"])
-    mlp = (
-        torch.nn.functional.silu(x @ w["midlayer.mlp.gate_proj.weight"].T) * (x @ w["midlayer.mlp.up_proj.weight"].T)
-    ) @ w["midlayer.mlp.down_proj.weight"].T
-    prenorm = mlp + residual  # self.norm(hidden_states, residual): (normed, pre-norm)
+    residual = attention(x, "midlayer.") + residual  # post_attention_layernorm(h, residual)
+    out = mlp(rms(residual, w["midlayer.post_attention_layernorm.weight"]), "midlayer.")
+    for i in range(1, config["num_hidden_layers"]):  # vLLM's later layers: input_layernorm(h, residual)
+        residual = out + residual
+        residual = attention(rms(residual, w[f"layers.{i}.input_layernorm.weight"]), f"layers.{i}.") + residual
+        out = mlp(rms(residual, w[f"layers.{i}.post_attention_layernorm.weight"]), f"layers.{i}.")
+    prenorm = out + residual  # self.norm(hidden_states, residual): (normed, pre-norm)
     logits = rms(prenorm, w["norm.weight"]) @ w["lm_head.weight"].T  # [T, V']
     full = logits.new_full((t, config["vocab_size"]), float("-inf"))
     full[:, torch.arange(config["draft_vocab_size"]) + tensors["d2t"]] = logits  # compute_logits
@@ -265,6 +277,52 @@ def test_the_engines_forward_on_an_export_equals_the_heads(target, head_folder, 
         mine[:, head.vocab] = head.logits(h)
     torch.testing.assert_close(prenorm, h, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(logits, mine, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def deeper(target, tmp_path_factory):
+    """A random two-layer EAGLE-3 head and its vLLM export."""
+    torch.manual_seed(1)  # test-only: the head's random weights
+    config = replace(Eagle3Config.from_target(target.config, layers=2), features=FEATURES)
+    head = Eagle3Head(config, target.model.embed_tokens.weight, torch.arange(0, V, 2), target.lm_head.weight)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    folder = tmp_path_factory.mktemp("heads") / "deeper"
+    save_quickdraft_head(folder, head, {"layer": config.to_dict()})
+    out = export_head(
+        folder, tmp_path_factory.mktemp("exported") / "vllm", "vllm", shape_from_config(target.config, "t")
+    )
+    return folder, out
+
+
+def test_a_deeper_head_exports_to_vllm_as_its_later_layers_and_loads_back(target, deeper, tmp_path):
+    folder, out = deeper
+    tensors = load_file(str(out / "model.safetensors"))
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2
+    later = {vllm_name(k) for k in tensors} - VLLM_PARAMS - {None}
+    # vLLM's layers.1 is a plain Llama layer: qkv over the hidden size, no hidden_norm.
+    assert later == {n.replace("layers.0.", "layers.1.") for n in VLLM_PARAMS if "layers.0." in n} - {
+        "model.layers.1.hidden_norm.weight"
+    }
+    assert tensors["layers.1.self_attn.q_proj.weight"].shape[1] == H
+    head = load_head("eagle", loaded(target, "t"), folder)
+    generator = torch.Generator().manual_seed(4)
+    features, tokens = torch.randn(7, 3 * H, generator=generator), torch.randint(V, (7,), generator=generator)
+    prenorm, logits = engine_forward(tensors, config, target.model.embed_tokens.weight.detach(), features, tokens)
+    with torch.no_grad():
+        h = head(features[None], tokens[None], torch.arange(7)[None], torch.ones(1, 7, 7, dtype=torch.bool).tril())[0]
+        mine = torch.full((7, V), float("-inf"))
+        mine[:, head.vocab] = head.logits(h)
+    torch.testing.assert_close(prenorm, h, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits, mine, rtol=1e-4, atol=1e-4)
+    again = load_head("eagle", loaded(target, "t"), out)
+    assert again.config == head.config and again.config.layers == 2
+    assert drafts(again, target) == drafts(head, target)
+    with pytest.raises(QuickdraftError, match="SGLang runs one-layer EAGLE-3 heads only"):
+        export_head(folder, tmp_path / "sglang", "sglang", shape_from_config(target.config, "t"))
+    assert not (tmp_path / "sglang").exists()
 
 
 def drafts(head, target, seed: int = 7) -> list:

@@ -402,7 +402,7 @@ def test_drafting_copies_agree_with_the_trained_heads(kernel):
     assert set(fast.fused) == {"q+k+v", "gate+up"} and all(isinstance(m, FusedLayers) for m in fast.fused.values())
     assert not hasattr(fast, "q") and not hasattr(fast, "gate")
     assert (approx.argmax(-1) == exact.argmax(-1)).float().mean() > 0.8
-    config3 = Eagle3Config(**config.to_dict(), features=(0, 1, 2))
+    config3 = Eagle3Config(**config.to_dict(), features=(0, 1, 2), layers=2)  # a later layer fuses alike
     eagle3 = Eagle3Head(config3, torch.randn(64, 32), torch.arange(64), lm_head).eval()
     args3 = (torch.randn(1, 6, 96), *args[1:])
     with torch.no_grad():
@@ -410,9 +410,8 @@ def test_drafting_copies_agree_with_the_trained_heads(kernel):
         names = set(eagle3.state_dict())
         fast = for_drafting(eagle3, kernel)
         approx = fast.logits(fast(*args3)[0])
-    assert set(fast.midlayer.self_attn.fused) == {"q_proj+k_proj+v_proj"} and set(fast.midlayer.mlp.fused) == {
-        "gate_proj+up_proj"
-    }
+    for layer in (fast.midlayer, fast.layers["1"]):
+        assert set(layer.self_attn.fused) == {"q_proj+k_proj+v_proj"} and set(layer.mlp.fused) == {"gate_proj+up_proj"}
     assert (approx.argmax(-1) == exact.argmax(-1)).float().mean() > 0.8
     assert names == set(
         Eagle3Head(config3, torch.randn(64, 32), torch.arange(64)).state_dict()

@@ -1,10 +1,12 @@
-"""The shape of an EAGLE head's one decoder layer: config.json's "layer" (heads/format.py). Both
+"""The shape of an EAGLE head's decoder layer: config.json's "layer" (heads/format.py). Both
 EAGLE-1 and EAGLE-3 heads take it from the target (the head's layer is one more of its layers);
-EAGLE-3 adds the target layers whose inputs it fuses."""
+EAGLE-3 adds the target layers whose inputs it fuses, and how many layers it stacks."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+
+from quickdraft.errors import QuickdraftError
 
 
 def text_config(config):
@@ -71,8 +73,15 @@ class EagleConfig(LayerShape):
 @dataclass(frozen=True)
 class Eagle3Config(LayerShape):
     features: tuple[int, ...]  # target layers whose inputs are fused (3 of them)
+    layers: int = 1  # decoder layers of the head, each of the target's layer shape
+
+    def __post_init__(self) -> None:
+        if self.layers < 1:
+            raise QuickdraftError(f"an EAGLE-3 head has at least one layer, not {self.layers}")
 
     @classmethod
-    def from_target(cls, config) -> Eagle3Config:
+    def from_target(cls, config, layers: int = 1) -> Eagle3Config:
         """The target's own layer shape (as EAGLE-1's); features from its depth."""
-        return super().from_target(config, features=feature_layers(text_config(config).num_hidden_layers))
+        return super().from_target(
+            config, features=feature_layers(text_config(config).num_hidden_layers), layers=layers
+        )

@@ -6,8 +6,10 @@ The layout is the EAGLE-3 checkpoint's, as read by vLLM's Eagle3LlamaForCausalLM
 under its own names, bf16: fc.weight [H, 3H], midlayer.* (q/k/v_proj read [*, 2H]), norm.weight,
 lm_head.weight [V', H]; d2t int64 [V'] (target id = draft id + d2t[draft id]) and t2d bool [V]
 (the target ids the draft vocabulary holds). No embed_tokens: both engines then share the
-target's. config.json is a one-layer Llama config (tie_word_embeddings false: the head has its
-own LM head) with draft_vocab_size and target_hidden_size.
+target's. config.json is a Llama config of the head's layers (tie_word_embeddings false: the
+head has its own LM head) with draft_vocab_size and target_hidden_size. A head of more than one
+layer exports to vLLM only (layers.1.* are its later layers' names; SGLang's EAGLE-3 model
+refuses num_hidden_layers above 1).
 
 The one difference between the engines is how the config names the target layers whose inputs
 are fused (Eagle3Config.features). vLLM reads a top-level eagle_aux_hidden_state_layer_ids and
@@ -53,7 +55,7 @@ def export_tensors(state: dict[str, torch.Tensor], vocab: int) -> dict[str, torc
 def export_config(
     config: Eagle3Config, draft_vocab: int, vocab: int, max_positions: int, fmt: str, target: str = ""
 ) -> dict:
-    """The draft model's config.json for `fmt`: the head's layer as a one-layer Llama."""
+    """The draft model's config.json for `fmt`: the head's layers as a Llama."""
     c = config
     values = {
         "architectures": [ARCHITECTURE],
@@ -64,7 +66,7 @@ def export_config(
         "num_attention_heads": c.heads,
         "num_key_value_heads": c.kv_heads,
         "head_dim": c.head_dim,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": c.layers,
         "rms_norm_eps": c.eps,
         "rope_theta": c.rope_theta,
         "rope_scaling": None,
@@ -117,6 +119,11 @@ def export_head(folder: Path, output: Path, fmt: str, target: ModelShape) -> Pat
     if output.resolve() == folder.resolve():
         raise QuickdraftError(f"export into another folder than the head's own ({folder})")
     layer = Eagle3Config.from_dict(config["layer"])
+    if fmt == "sglang" and layer.layers > 1:
+        raise QuickdraftError(
+            f"the head in {folder} has {layer.layers} layers; SGLang runs one-layer EAGLE-3 heads only "
+            "(export it with --format vllm)"
+        )
     if (config["vocab"], config["hidden"]) != (target.vocab, target.hidden):
         raise QuickdraftError(
             f"the head in {folder} was trained for {config.get('target')!r} (vocabulary {config['vocab']}, hidden "
@@ -171,6 +178,7 @@ def read_export(output: Path, embed: torch.Tensor) -> Eagle3Head:
         float(rope),
         float(values["rms_norm_eps"]),
         tuple(features),
+        values.get("num_hidden_layers", 1),
     )
     tensors = load_file(str(output / WEIGHTS_FILE))
     d2t = tensors.pop("d2t").long()

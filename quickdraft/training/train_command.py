@@ -135,6 +135,7 @@ def train(
     feature_batch: int | None = None,
     target_precision: str | None = None,
     init: Path | None = None,
+    head_layers: int = 1,
 ) -> dict:
     """Train a `kind` head for `target` (None: the embedded default) on `data` files; returns its
     config. eagle: 3 (fused features, training-time test) or 1 (last hidden state) for EAGLE heads.
@@ -144,7 +145,9 @@ def train(
     pass on a CPU; 16,384 on a GPU, where one example a pass is launch-bound).
     target_precision: what the target computes at for distillation and features (None: the
     checkpoint's own where the native backend has it; see feature_decoder). init: an EAGLE-3
-    head folder to fine-tune instead of starting from the target's layers. answers: the folder
+    head folder to fine-tune instead of starting from the target's layers (of as many layers as
+    head_layers or fewer: the ones it lacks are added). head_layers: an EAGLE-3 head's decoder
+    layers. answers: the folder
     that keeps the target's distilled answers (default: `cache`), read before any prompt is run."""
     if kind not in KINDS:
         raise QuickdraftError(f"unknown head kind {kind!r}; choose one of: {', '.join(KINDS)}")
@@ -156,6 +159,10 @@ def train(
         raise QuickdraftError(f"--prompt-rows must be >= 0, got {settings.prompt_rows}")
     if settings.prompt_rows > 0 and (kind, eagle) != ("eagle", 3):
         raise QuickdraftError("--prompt-rows trains EAGLE-3 heads only (train eagle --eagle 3)")
+    if head_layers < 1:
+        raise QuickdraftError(f"--head-layers must be >= 1, got {head_layers}")
+    if head_layers > 1 and (kind, eagle) != ("eagle", 3):
+        raise QuickdraftError("--head-layers stacks EAGLE-3 heads only (train eagle --eagle 3)")
     if heads < 1:
         raise QuickdraftError(f"--heads must be >= 1, got {heads}")
     if init is not None and (kind, eagle) != ("eagle", 3):
@@ -191,7 +198,7 @@ def train(
     embeddings = loaded.tensor(EMBED).float()
     backend = decoder.target_backend
     if kind == "eagle" and eagle == 3:
-        config = Eagle3Config.from_target(loaded.config)
+        config = Eagle3Config.from_target(loaded.config, head_layers)
         shards = load_features(
             extract_features(
                 backend,

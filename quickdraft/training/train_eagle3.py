@@ -14,6 +14,7 @@ Every step predicts the same label at t, with less verified context: loss weight
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -46,12 +47,16 @@ def unrolled_states(
     outputs h^j [B, T, H] in turn (h^j at t: the guess after t + 1 with verified pairs up to t - j)."""
     b, t = tokens.shape
     state = head.state(hidden)  # [B, T, H]
-    keys, values = [], []
+    keys: list[list[torch.Tensor]] = [[] for _ in range(head.config.layers)]  # per layer, each step's [B, KV, T, D]
+    values: list[list[torch.Tensor]] = [[] for _ in range(head.config.layers)]
     for j in range(steps):
-        q, k, v = head.project(state, tokens, positions)
-        keys.append(k), values.append(v)
         mask = unroll_mask(t, j).to(tokens.device)[None].expand(b, t, -1)  # [B, T, (j + 1) T]
-        h = head.finish(state, q, torch.cat(keys, dim=2), torch.cat(values, dim=2), mask)  # [B, T, H]
+
+        def context(layer: int, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor = mask):
+            keys[layer].append(k), values[layer].append(v)
+            return torch.cat(keys[layer], dim=2), torch.cat(values[layer], dim=2), mask
+
+        h = head.run(state, tokens, positions, context)  # [B, T, H]
         yield h
         state = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)  # position t gets h_{t-1}
 
@@ -105,29 +110,56 @@ def crop_prompts(data: Sequences, context: int) -> Sequences:
 
 def start_from_target(head: Eagle3Head) -> None:
     """fc starts as "take the high features": the state begins as the target's late-layer residual,
-    which the target's own final norm and LM head (the head's starting ones) already read."""
+    which the target's own final norm and LM head (the head's starting ones) already read. Layers
+    after the first start adding nothing (quiet)."""
     h = head.config.hidden
     with torch.no_grad():
         head.fc.weight.zero_()
         head.fc.weight[:, -h:] = torch.eye(h)
+    quiet(head, list(head.layers))
+
+
+def quiet(head: Eagle3Head, names: list[str]) -> None:
+    """The later layers `names` add nothing to their input (output projections zero) until trained:
+    a residual branch that starts silent leaves the head's guesses as they were."""
+    with torch.no_grad():
+        for name in names:
+            head.layers[name].self_attn.o_proj.weight.zero_()
+            head.layers[name].mlp.down_proj.weight.zero_()
 
 
 def starting_head(folder: Path, config: Eagle3Config, vocab: int) -> dict[str, torch.Tensor]:
     """The saved state of the EAGLE-3 head in `folder` (a quickdraft head, as `train` writes and
     heads/shipped holds), checked to fit a target of this layer shape and vocabulary: a run
-    fine-tunes it instead of starting from the target's layers."""
+    fine-tunes it instead of starting from the target's layers. A head of fewer layers than
+    `config` gives its own; the layers it lacks start as nothing (see grown_layers)."""
     if not (folder / HEADS_FILE).is_file():
         raise QuickdraftError(f"--init: no quickdraft head in {folder} (its {HEADS_FILE} is missing)")
     saved = read_config(folder)
     layer = saved.get("layer", {})
     if saved.get("kind") != "eagle" or "features" not in layer:
         raise QuickdraftError(f"--init: {folder} holds no EAGLE-3 head (kind {saved.get('kind')!r})")
-    if Eagle3Config.from_dict(layer) != config or saved.get("vocab") != vocab:
+    own = Eagle3Config.from_dict(layer)
+    if replace(own, layers=config.layers) != config or saved.get("vocab") != vocab:
         raise QuickdraftError(
             f"--init: the head in {folder} was trained for another target ({saved.get('target')!r}); "
             "its layer shape or vocabulary differs from this target's"
         )
+    if own.layers > config.layers:
+        raise QuickdraftError(
+            f"--init: the head in {folder} has {own.layers} layers; --head-layers {config.layers} cannot hold them"
+        )
     return load_file(str(folder / HEADS_FILE))
+
+
+def grown_layers(head: Eagle3Head, start: dict[str, torch.Tensor]) -> None:
+    """Load `start` (a head of as many or fewer layers) into `head`; each layer it lacks adds
+    nothing yet (its attention's and MLP's output projections zero), so the grown head drafts
+    exactly as `start` did, and training grows the new layers from there."""
+    missing, unexpected = head.load_state_dict(start, strict=False)  # bf16 values into the fp32 parameters
+    if unexpected or any(not name.startswith("layers.") for name in missing):
+        raise QuickdraftError(f"--init: the head's tensors do not fit ({sorted(unexpected or missing)[:3]})")
+    quiet(head, [name for name in head.layers if f"layers.{name}.self_attn.o_proj.weight" in missing])
 
 
 def train_eagle3(
@@ -160,7 +192,7 @@ def train_eagle3(
     if start is None:
         start_from_target(head)
     else:
-        head.load_state_dict(start)  # bf16 values into the fp32 parameters
+        grown_layers(head, start)
     eval_batch = eagle_batch(
         eval_data, eval_ids[:32].tolist(), settings.window, index, 0.0, torch.Generator().manual_seed(0)
     )
