@@ -358,6 +358,10 @@ def test_train_command_refuses_evaluation_data_before_loading_anything(tmp_path,
     assert "--prompt-rows must be >= 0" in capsys.readouterr().err
     assert main([*base, "--prompt-rows", "0.5", "--eagle", "1"]) == 2
     assert "--prompt-rows trains EAGLE-3 heads only" in capsys.readouterr().err
+    assert main([*base, "--head-layers", "0"]) == 2
+    assert "--head-layers must be >= 1" in capsys.readouterr().err
+    assert main(["train", "medusa", *base[2:], "--head-layers", "2"]) == 2
+    assert "--head-layers stacks EAGLE-3 heads only" in capsys.readouterr().err
 
 
 def test_training_runs_where_the_device_flag_says(tmp_path, capsys):

@@ -1,5 +1,6 @@
-"""EAGLE (Li et al. 2024) with EAGLE-2's dynamic tree: a one-layer head runs ahead of the target
-on the target's own hidden states, then on its own predictions, growing a tree of drafts.
+"""EAGLE (Li et al. 2024) with EAGLE-2's dynamic tree: a small head (a decoder layer, or a few)
+runs ahead of the target on the target's own hidden states, then on its own predictions,
+growing a tree of drafts.
 
 The head keeps a KV cache of pairs (f_t, x_{t+1}) for every position the target has verified
 (f_t: the target's state at t, x_{t+1}: the token that followed). Drafting first feeds the pairs
