@@ -46,4 +46,7 @@ def test_both_configs_share_the_layer_fields_in_the_written_order():
     assert isinstance(eagle, LayerShape) and isinstance(eagle3, LayerShape)
     assert eagle.to_dict() == shape and list(eagle.to_dict()) == list(shape)  # config.json keeps this order
     assert eagle3.to_dict() == shape | {"features": [0, 1, 2]}  # a list, as JSON reads it back
+    deeper = Eagle3Config(**shape, features=(0, 1, 2), layers=2)  # one layer: no key, as heads always read
+    assert deeper.to_dict() == shape | {"features": [0, 1, 2], "layers": 2}
+    assert Eagle3Config.from_dict(deeper.to_dict()) == deeper
     assert EagleConfig.from_dict(eagle.to_dict()) == eagle and Eagle3Config.from_dict(eagle3.to_dict()) == eagle3

@@ -79,6 +79,14 @@ class Eagle3Config(LayerShape):
         if self.layers < 1:
             raise QuickdraftError(f"an EAGLE-3 head has at least one layer, not {self.layers}")
 
+    def to_dict(self) -> dict:
+        """As LayerShape's; `layers` only where above 1, so a one-layer head's config.json reads as
+        every earlier release wrote it (and earlier releases read it)."""
+        values = super().to_dict()
+        if self.layers == 1:
+            del values["layers"]
+        return values
+
     @classmethod
     def from_target(cls, config, layers: int = 1) -> Eagle3Config:
         """The target's own layer shape (as EAGLE-1's); features from its depth."""
