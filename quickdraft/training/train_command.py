@@ -147,8 +147,8 @@ def train(
     checkpoint's own where the native backend has it; see feature_decoder). init: an EAGLE-3
     head folder to fine-tune instead of starting from the target's layers (of as many layers as
     head_layers or fewer: the ones it lacks are added). head_layers: an EAGLE-3 head's decoder
-    layers. answers: the folder
-    that keeps the target's distilled answers (default: `cache`), read before any prompt is run."""
+    layers. answers: the folder that keeps the target's distilled answers (default: `cache`),
+    read before any prompt is run."""
     if kind not in KINDS:
         raise QuickdraftError(f"unknown head kind {kind!r}; choose one of: {', '.join(KINDS)}")
     if eagle not in (1, 3):
