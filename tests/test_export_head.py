@@ -48,11 +48,15 @@ def head_folder(target, tmp_path_factory):
     torch.manual_seed(0)  # test-only: the head's random weights
     config = replace(Eagle3Config.from_target(target.config), features=FEATURES)
     vocab = torch.randperm(V)[:DRAFT_V].sort().values
+    return saved_random_head(target, config, vocab, tmp_path_factory.mktemp("heads") / "eagle3")
+
+
+def saved_random_head(target, config: Eagle3Config, vocab: torch.Tensor, folder):
+    """An EAGLE-3 head of `config` over `vocab`, its weights moved off the target's, saved in `folder`."""
     head = Eagle3Head(config, target.model.embed_tokens.weight, vocab, target.lm_head.weight, target.model.norm.weight)
     with torch.no_grad():  # norms away from 1 and a non-trivial fc, so a misplaced tensor shows
         for p in head.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    folder = tmp_path_factory.mktemp("heads") / "eagle3"
     save_quickdraft_head(folder, head, {"layer": config.to_dict()})
     return folder
 
@@ -259,18 +263,14 @@ def engine_forward(
     return prenorm, full
 
 
-def test_the_engines_forward_on_an_export_equals_the_heads(target, head_folder, exported):
+def assert_engine_forward_equals_the_heads(target, head_folder, export, seed: int) -> None:
+    """engine_forward on the export's files == the quickdraft head's own pass, over random features."""
     head = load_head("eagle", loaded(target, "t"), head_folder)
-    generator = torch.Generator().manual_seed(3)
+    generator = torch.Generator().manual_seed(seed)
     features, tokens = torch.randn(7, 3 * H, generator=generator), torch.randint(V, (7,), generator=generator)
-    config = json.loads((exported["vllm"] / "config.json").read_text())
-    prenorm, logits = engine_forward(
-        load_file(str(exported["vllm"] / "model.safetensors")),
-        config,
-        target.model.embed_tokens.weight.detach(),
-        features,
-        tokens,
-    )
+    config = json.loads((export / "config.json").read_text())
+    tensors = load_file(str(export / "model.safetensors"))
+    prenorm, logits = engine_forward(tensors, config, target.model.embed_tokens.weight.detach(), features, tokens)
     with torch.no_grad():
         h = head(features[None], tokens[None], torch.arange(7)[None], torch.ones(1, 7, 7, dtype=torch.bool).tril())[0]
         mine = torch.full((7, V), float("-inf"))
@@ -279,17 +279,16 @@ def test_the_engines_forward_on_an_export_equals_the_heads(target, head_folder, 
     torch.testing.assert_close(logits, mine, rtol=1e-4, atol=1e-4)
 
 
+def test_the_engines_forward_on_an_export_equals_the_heads(target, head_folder, exported):
+    assert_engine_forward_equals_the_heads(target, head_folder, exported["vllm"], seed=3)
+
+
 @pytest.fixture(scope="module")
 def deeper(target, tmp_path_factory):
     """A random two-layer EAGLE-3 head and its vLLM export."""
     torch.manual_seed(1)  # test-only: the head's random weights
     config = replace(Eagle3Config.from_target(target.config, layers=2), features=FEATURES)
-    head = Eagle3Head(config, target.model.embed_tokens.weight, torch.arange(0, V, 2), target.lm_head.weight)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    folder = tmp_path_factory.mktemp("heads") / "deeper"
-    save_quickdraft_head(folder, head, {"layer": config.to_dict()})
+    folder = saved_random_head(target, config, torch.arange(0, V, 2), tmp_path_factory.mktemp("heads") / "deeper")
     out = export_head(
         folder, tmp_path_factory.mktemp("exported") / "vllm", "vllm", shape_from_config(target.config, "t")
     )
@@ -307,16 +306,8 @@ def test_a_deeper_head_exports_to_vllm_as_its_later_layers_and_loads_back(target
         "model.layers.1.hidden_norm.weight"
     }
     assert tensors["layers.1.self_attn.q_proj.weight"].shape[1] == H
+    assert_engine_forward_equals_the_heads(target, folder, out, seed=4)
     head = load_head("eagle", loaded(target, "t"), folder)
-    generator = torch.Generator().manual_seed(4)
-    features, tokens = torch.randn(7, 3 * H, generator=generator), torch.randint(V, (7,), generator=generator)
-    prenorm, logits = engine_forward(tensors, config, target.model.embed_tokens.weight.detach(), features, tokens)
-    with torch.no_grad():
-        h = head(features[None], tokens[None], torch.arange(7)[None], torch.ones(1, 7, 7, dtype=torch.bool).tril())[0]
-        mine = torch.full((7, V), float("-inf"))
-        mine[:, head.vocab] = head.logits(h)
-    torch.testing.assert_close(prenorm, h, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(logits, mine, rtol=1e-4, atol=1e-4)
     again = load_head("eagle", loaded(target, "t"), out)
     assert again.config == head.config and again.config.layers == 2
     assert drafts(again, target) == drafts(head, target)

@@ -80,7 +80,8 @@ Context = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.
 
 class Eagle3Head(nn.Module):
     """fc(low, mid, high features) -> state g; [norm(embed(x_{t+1})), norm(g)] -> attention, + g ->
-    MLP (pre-norm, residual) -> h (fed back as the next state); norm(h) -> LM head -> V' logits."""
+    MLP (pre-norm, residual) -> h; each later layer adds its pre-norm attention and MLP to h; h is
+    fed back as the next state; norm(h) -> LM head -> V' logits."""
 
     def __init__(
         self,
