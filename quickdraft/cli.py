@@ -219,8 +219,9 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
         "--init",
         type=Path,
         metavar="HEAD",
-        help="eagle 3: fine-tune this head folder (its weights and draft vocabulary, e.g. "
-        "quickdraft/heads/shipped/<target>/eagle) instead of starting from the target's layers",
+        help="eagle 3: fine-tune this head folder (its weights and draft vocabulary, widened to "
+        "--vocab where that is larger; e.g. quickdraft/heads/shipped/<target>/eagle) instead of starting "
+        "from the target's layers",
     )
     train.add_argument("--unroll", type=int, default=4, help="eagle 3: steps unrolled on the head's own outputs")
     train.add_argument(

@@ -385,3 +385,38 @@ def test_features_with_prompt_choices_choose_on_every_row(tiny_target, fused, tm
             with torch.no_grad():
                 chosen = tiny_target(full["tokens"][begin:end].long()[None]).logits[0].argmax(-1)  # [T]
             assert torch.equal(full["choice"][begin:end].long(), chosen)
+
+
+def test_a_saved_head_widens_its_vocabulary_to_the_datas_most_frequent_tokens(tiny_target, fused, tmp_path):
+    """--init with --vocab above the head's: every token it had stays and scores as it did, the
+    data's most frequent others join (their LM head rows the target's), and training then moves them."""
+    shards, config = fused
+    tables = target_tables(tiny_target)
+    full = tables[0].shape[0]
+    settings = TrainSettings(steps=20, sequences=4, window=64, lr=3e-3, unroll=2, vocab=4, precision="fp32")
+    first = train_eagle3(shards, *tables, config, tmp_path / "first", settings, "tiny", progress=False)
+
+    def tuned(name: str, run: TrainSettings) -> dict:  # the first head fine-tuned with `run`
+        return train_eagle3(
+            shards, *tables, config, tmp_path / name, run, "tiny", progress=False, init=tmp_path / "first"
+        )
+
+    still = replace(settings, steps=1, lr=0.0, vocab=8)
+    wide = tuned("wide", still)
+    before, after = load_eagle(tmp_path / "first", *tables[::2]), load_eagle(tmp_path / "wide", *tables[::2])
+    assert len(after.vocab) == wide["draft_vocab"] == 8 and set(before.vocab.tolist()) < set(after.vocab.tolist())
+    assert torch.equal(after.vocab, draft_vocabulary(shards, 8, full, keep=before.vocab))
+    assert wide["draft_vocab_coverage"] > first["draft_vocab_coverage"]
+    old = vocabulary_index(after.vocab, full)[before.vocab]  # the old tokens' rows in the wider head
+    new = vocabulary_index(before.vocab, full)[after.vocab] < 0
+    saved_rows = tables[0][after.vocab[new]].bfloat16().float()  # heads are saved in bf16
+    assert torch.equal(after.lm_head.weight[new], saved_rows)
+    features, tokens = torch.randn(1, 5, 3 * config.hidden), torch.tensor([[1, 2, 3, 4, 5]])
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()[None]
+    with torch.no_grad():
+        h = before(features, tokens, torch.arange(5)[None], mask)
+        torch.testing.assert_close(after(features, tokens, torch.arange(5)[None], mask), h)
+        torch.testing.assert_close(after.logits(h)[..., old], before.logits(h))
+    assert tuned("trained", replace(settings, vocab=8))["draft_vocab"] == 8
+    assert not torch.equal(load_eagle(tmp_path / "trained", *tables[::2]).lm_head.weight[new], saved_rows)
+    assert tuned("narrow", replace(still, vocab=2))["draft_vocab"] == 4  # a smaller --vocab keeps the saved one

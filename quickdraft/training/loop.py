@@ -127,12 +127,13 @@ def training_vocabulary(
     start: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[V'] the draft vocabulary: a resumed run's own (its head's LM head rows follow it, whatever
-    data the run now reads), else `start`'s (the head a run fine-tunes), else the data's most
-    frequent response tokens."""
+    data the run now reads), else the data's most frequent tokens, `settings.vocab` of them; a
+    run that fine-tunes a head (`start`, its vocabulary) keeps all of that head's, and widens it
+    to `settings.vocab` with the data's most frequent others."""
     checkpoint = folder / CHECKPOINT_FILE
     if checkpoint.is_file():
         return torch.load(checkpoint, map_location="cpu")["model"]["vocab"]
-    return start if start is not None else draft_vocabulary(shards, settings.vocab, full)
+    return draft_vocabulary(shards, settings.vocab, full, keep=start)
 
 
 def held_out(shards: list[dict[str, torch.Tensor]], settings: TrainSettings) -> torch.Tensor:

@@ -162,6 +162,18 @@ def grown_layers(head: Eagle3Head, start: dict[str, torch.Tensor]) -> None:
     quiet(head, [name for name in head.layers if f"layers.{name}.self_attn.o_proj.weight" in missing])
 
 
+def widened(start: dict[str, torch.Tensor], head: Eagle3Head) -> dict[str, torch.Tensor]:
+    """`start` (a saved head's state) for `head`, whose draft vocabulary holds start's and may add
+    tokens: start's LM head rows move to its tokens' places, and an added token's row is the
+    head's own (the target's LM head row), which the target's final norm and late-layer state
+    the head was trained from already read. Start's tokens score as they did."""
+    if torch.equal(start["vocab"], head.vocab):
+        return start
+    rows = head.lm_head.weight.detach().clone()  # [V', H]
+    rows[vocabulary_index(head.vocab, head.embed.shape[0])[start["vocab"]]] = start["lm_head.weight"].float()
+    return {**start, "vocab": head.vocab, "lm_head.weight": rows}
+
+
 def train_eagle3(
     shards: list[dict[str, torch.Tensor]],
     lm_head: torch.Tensor,
@@ -176,7 +188,8 @@ def train_eagle3(
 ) -> dict:
     """Train an EAGLE-3 head on shards of fused features (extract_features with config.features);
     writes folder/heads.safetensors, config.json and a checkpoint (resumable). init: a head folder
-    to fine-tune (its weights and draft vocabulary), else the head starts from the target's layers.
+    to fine-tune (its weights and draft vocabulary, widened to settings.vocab where that is larger),
+    else the head starts from the target's layers.
     Returns the config with the held-out top-1 accuracy per unrolled step (its depth-1, 2, ... guesses)."""
     folder.mkdir(parents=True, exist_ok=True)
     full = lm_head.shape[0]
@@ -192,7 +205,7 @@ def train_eagle3(
     if start is None:
         start_from_target(head)
     else:
-        grown_layers(head, start)
+        grown_layers(head, widened(start, head))
     eval_batch = eagle_batch(
         eval_data, eval_ids[:32].tolist(), settings.window, index, 0.0, torch.Generator().manual_seed(0)
     )

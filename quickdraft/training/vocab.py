@@ -8,12 +8,18 @@ from __future__ import annotations
 import torch
 
 
-def draft_vocabulary(shards: list[dict[str, torch.Tensor]], size: int, full_size: int) -> torch.Tensor:
-    """[min(size, V)] int64: the ids seen most often, ascending."""
+def draft_vocabulary(
+    shards: list[dict[str, torch.Tensor]], size: int, full_size: int, keep: torch.Tensor | None = None
+) -> torch.Tensor:
+    """[min(size, V)] int64: the ids seen most often, ascending. keep: ids that stay in it whatever
+    their count (a fine-tuned head's own vocabulary, widened to `size`); never more than `size`
+    of the others are added, and none when keep already holds `size`."""
     counts = torch.zeros(full_size, dtype=torch.long)
     for shard in shards:
         counts += torch.bincount(shard["tokens"].long(), minlength=full_size)
-    return torch.sort(torch.topk(counts, min(size, full_size)).indices).values
+    if keep is not None:
+        counts[keep] = counts.sum() + 1  # above every count: kept first
+    return torch.sort(torch.topk(counts, max(min(size, full_size), 0 if keep is None else len(keep))).indices).values
 
 
 def vocabulary_index(vocab: torch.Tensor, full_size: int) -> torch.Tensor:
