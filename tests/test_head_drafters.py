@@ -423,3 +423,33 @@ def test_a_lookup_branch_stays_exact_and_gets_accepted(tiny_target, heads, metho
         assert record.first.accepted < record.first.tried and record.next.accepted < record.next.tried
     assert from_branch > 0
     assert_speculated(generations)
+
+
+@pytest.mark.chance
+@pytest.mark.speculation
+@pytest.mark.parametrize("method", ["medusa", "eagle", "eagle3"])
+def test_under_gumbel_max_a_head_guesses_the_seeds_pick(small, method):
+    # One guess a pass, the first pass of 400 seeds at temperature 1: a head that always drafted
+    # its likeliest token would be accepted with the target's chance of that token, p(d0), over
+    # the seeds; drafting the target's own noise's pick of its q, it guesses other tokens where
+    # the noise says so and is accepted far more often.
+    model, folder = small
+    prompt, runs = [1, 2, 3, 1, 2, 3, 1], 400
+    decoder = Decoder(
+        loaded(model, "t"),
+        None,
+        method_of(method),
+        1,
+        head=str(folder / method),
+        tree_top_k=1,
+        tree_nodes=1,
+        lookup=False,
+    )
+    d0 = decoder.generate(prompt, 2).steps[0].draft_tokens[0]  # greedy: the head's likeliest first token
+    with torch.no_grad():
+        p = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], SamplingParams(temperature=1.0))  # [V]
+    firsts = [out.steps[0] for out in sample_batched(decoder, prompt, runs, 2, temperature=1.0)]
+    guessed = {step.draft_tokens[0] for step in firsts}
+    accepted = sum(step.accepted for step in firsts) / runs
+    assert len(guessed) > 1 and p[d0] < 0.8  # the noise moves the guess, and the target is not sure of d0
+    assert accepted > p[d0] + 0.05, (accepted, float(p[d0]))

@@ -11,9 +11,12 @@ from quickdraft.drafters.head_tree import (
     grow_tree,
     keep_most_confident,
     merge_chain,
+    tilted,
     tree_shape_for,
 )
 from quickdraft.errors import QuickdraftError
+from quickdraft.noise import gumbel_row
+from quickdraft.sampling import SamplingParams, gumbel_pick, logits_to_probs
 from quickdraft.tree import depths
 
 
@@ -270,3 +273,30 @@ def test_a_larger_tree_is_drafted_wider_and_deeper_within_bounds():
     rows: list[int] = []
     tokens, parents = kept(children_logp(()), path_head(rows), TreeShape(*tree_shape_for(64), nodes=64))
     assert len(tokens) == 64 and max(depths(parents)) > 5 and max(rows) == 16
+
+
+def test_under_gumbel_max_a_heads_guesses_are_ordered_by_its_tilted_distribution():
+    """Greedy: the head's own log-probs. Gumbel-max: a distribution whose first guess is the
+    target's pick at that position were the target's p the head's q (the user's temperature,
+    top-k and top-p applied), over the draft vocabulary's target ids."""
+    generator = torch.Generator().manual_seed(0)
+    full, vocab = 20, torch.tensor([0, 3, 4, 7, 9, 12, 15, 19])  # a draft vocabulary of 8 target ids
+    logits = 2 * torch.randn(3, len(vocab), generator=generator)  # [F, V'] three frontier nodes
+    greedy = tilted(logits, vocab, SamplingParams(0.0), None)
+    torch.testing.assert_close(greedy, torch.log_softmax(logits, dim=-1))
+    picks = set()
+    for params in (SamplingParams(1.0), SamplingParams(0.7, top_k=3), SamplingParams(1.3, top_p=0.6)):
+        q = logits_to_probs(logits, params)  # [F, V']
+        for position in range(20):
+            noise = gumbel_row(5, position, full)  # [V] the target's noise at one position
+            guesses = tilted(logits, vocab, params, noise)  # [F, V']
+            torch.testing.assert_close(guesses.exp().sum(-1), torch.ones(3))
+            for row in range(3):
+                first = int(guesses[row].argmax())
+                picks.add(first)
+                assert first == gumbel_pick(q[row], noise[vocab])  # the Gumbel-max sample of q under this noise
+                assert q[row, first] > 0  # never a token the filters removed
+                order = (q[row].log() + noise[vocab]).argsort(descending=True)
+                ranked = guesses[row][order][: int((q[row] > 0).sum())]  # the tokens the filters kept, in order
+                assert ranked.diff().le(0).all() and ranked.isfinite().all()  # every rank, not only the first
+    assert len(picks) > 3  # the noise moves the first guess off the head's argmax

@@ -22,7 +22,7 @@ import torch
 
 from quickdraft.backends.kv_cache import KVCache
 from quickdraft.drafters.drafter import Draft, DraftRequest, SequenceDrafter, StepOutcome
-from quickdraft.drafters.head_tree import TreeShape, chain_draft, draft_tree, head_cannot_pay
+from quickdraft.drafters.head_tree import TreeShape, chain_draft, draft_tree, head_cannot_pay, tilted
 from quickdraft.drafters.lookup_branch import LookupBranch
 from quickdraft.drafters.tree_record import TreeRecord
 from quickdraft.heads.eagle3 import Eagle3Head
@@ -96,6 +96,12 @@ class EagleDrafter(SequenceDrafter):
             return Draft()
         cache, device = state.cache, state.cache.device
         root = cache.length  # pairs cached: positions 0..root-1; the newest token sits at `root`
+        ahead = len(request.tokens)  # the position of the tree's first level
+
+        def guesses(logits: torch.Tensor, depth: int) -> torch.Tensor:  # [..., V'] log-probs at level depth + 1
+            noise = None if request.noise is None else request.noise.row(ahead + depth)
+            return tilted(logits, self.head.vocab, request.sampling, noise)
+
         outputs: dict[int, torch.Tensor] = {}  # node -> predicted state after it
         fed: list[int] = []  # tree nodes whose keys follow the committed pairs, in order
 
@@ -118,9 +124,9 @@ class EagleDrafter(SequenceDrafter):
             for row, node in enumerate(frontier):
                 outputs[node] = out[row]
             fed.extend(frontier)
-            return torch.log_softmax(self.head.logits(out), dim=-1)  # [F, V']
+            return guesses(self.head.logits(out), depth)  # [F, V']: the children, one level deeper
 
-        first = torch.log_softmax(self.head.logits(state.predicted), dim=-1)  # [V']
+        first = guesses(self.head.logits(state.predicted), 0)  # [V']
         try:
             shape = TreeShape(k, self.top_k, self.nodes, self.tree, self.pass_ms, record.head_scale)
             record.latest = draft_tree(first, expand, shape, self.head.vocab, branch)

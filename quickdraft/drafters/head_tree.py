@@ -15,6 +15,10 @@ the head's candidates at those ranks, whatever their confidence.
 
 Branches: another drafter's chain (prompt lookup's copy of earlier text) can join the tree with
 its own confidence; the head's best nodes and the chain's compete for the same measured rows.
+
+Sampling by Gumbel-max: the target's pick at a position is argmax(log p + g) for noise g fixed
+by the seed and the position, so a head grows its tree from its distribution tilted by the same
+noise (`tilted`): its likeliest guess is the target's pick wherever the head's q is the target's p.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 
 from quickdraft.analysis import best_tree_size
 from quickdraft.errors import QuickdraftError
+from quickdraft.sampling import SamplingParams, logits_to_probs
 from quickdraft.tree import depths
 
 # (frontier node indices, tokens so far, parents so far) -> [len(frontier), V'] log-probs of each
@@ -58,6 +63,21 @@ class TreeShape:
             )
         if self.kind not in TREE_KINDS:
             raise QuickdraftError(f"unknown tree {self.kind!r}; choose one of: {', '.join(TREE_KINDS)}")
+
+
+def tilted(
+    logits: torch.Tensor, vocab: torch.Tensor, sampling: SamplingParams, noise: torch.Tensor | None
+) -> torch.Tensor:
+    """[..., V'] a head's logits over its draft vocabulary (target ids `vocab` [V']) -> the log-probs
+    its tree grows from. noise None (greedy, or rejection sampling): the head's own distribution.
+    noise [..., V] (Gumbel-max sampling: the target's noise at the positions guessed): the
+    distribution the user asked for (temperature, top-k, top-p) times exp(noise), renormalised,
+    so the order of its guesses is that of log q + g and the first is the target's pick
+    wherever q is p."""
+    if noise is None:
+        return torch.log_softmax(logits.float(), dim=-1)
+    g = noise.to(logits.device)[..., vocab.to(logits.device)]  # [..., V'] the noise of each draft id's target id
+    return torch.log_softmax(logits_to_probs(logits, sampling).log() + g, dim=-1)
 
 
 def tree_shape_for(nodes: int) -> tuple[int, int]:

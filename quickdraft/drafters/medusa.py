@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from quickdraft.drafters.drafter import Draft, DraftRequest, SequenceDrafter, StepOutcome
-from quickdraft.drafters.head_tree import TreeShape, draft_tree
+from quickdraft.drafters.head_tree import TreeShape, draft_tree, tilted
 from quickdraft.drafters.lookup_branch import LookupBranch
 from quickdraft.drafters.tree_record import TreeRecord
 from quickdraft.heads.medusa_heads import MedusaHeads
@@ -57,9 +57,12 @@ class MedusaDrafter(SequenceDrafter):
         if not ready:
             return drafts
         states = torch.stack([requests[i].state.hidden for i in ready])  # [B, H]
-        logp = torch.log_softmax(self.heads(states), dim=-1)  # [heads, B, V']
+        logits = self.heads(states)  # [heads, B, V']
         for row, i in enumerate(ready):
-            drafts[i] = self._tree(logp[:, row], requests[i])
+            r = requests[i]
+            ahead = range(len(r.tokens), len(r.tokens) + self.heads.heads)  # the positions head 0, 1, ... guess
+            noise = None if r.noise is None else r.noise.rows(list(ahead))  # [heads, V]
+            drafts[i] = self._tree(tilted(logits[:, row], self.heads.vocab, r.sampling, noise), r)
         return drafts
 
     def _tree(self, logp: torch.Tensor, request: DraftRequest) -> Draft:
