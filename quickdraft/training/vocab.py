@@ -12,8 +12,8 @@ def draft_vocabulary(
     shards: list[dict[str, torch.Tensor]], size: int, full_size: int, keep: torch.Tensor | None = None
 ) -> torch.Tensor:
     """[min(size, V)] int64: the ids seen most often, ascending. keep: ids that stay in it whatever
-    their count (a fine-tuned head's own vocabulary, widened to `size`); never more than `size`
-    of the others are added, and none when keep already holds `size`."""
+    their count (a fine-tuned head's own vocabulary): the most frequent others fill it up to
+    `size`, and none join when keep holds `size` or more (then it is keep, all of it)."""
     counts = torch.zeros(full_size, dtype=torch.long)
     for shard in shards:
         counts += torch.bincount(shard["tokens"].long(), minlength=full_size)
