@@ -1,25 +1,24 @@
 """Would prompt lookup draft more with several chains? An offline bound over a bench's outputs.
 
 Prompt lookup (and the lookup branch of head trees) proposes one chain: what followed the latest
-earlier match of the longest n-gram. For each prompt of a `quickdraft bench` results file, this
+earlier match of the longest n-gram. For each prompt of a `quickdraft bench` report folder, this
 replays method none's output (the target's own tokens) as lookup would decode it, one target
 pass per step, and counts tokens per pass when each step may take the best of its first M
 distinct chains (longest n-gram first, then latest match first), picked knowing the answer:
 what any rule choosing among M chains could at most reach.
 
-    python benchmarks/lookup_chains.py --results docs/bench/head-vocab16k/results.json.gz
+    python benchmarks/lookup_chains.py --results docs/bench/head-vocab16k
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import quickdraft
 from quickdraft.bench.prompts import default_prompt_file, load_prompts
+from quickdraft.bench.report import read_results
 
 
 def chains(tokens: list[int], longest: int, max_ngram: int, min_ngram: int) -> list[list[int]]:
@@ -60,16 +59,19 @@ def passes(prompt: list[int], output: list[int], best_of: int, longest: int, max
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, required=True, help="a bench results.json(.gz) of Spec-Bench prompts")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        required=True,
+        help="a bench report folder (its results.json or .json.gz) of Spec-Bench prompts",
+    )
     parser.add_argument("--per-category", type=int, default=5, help="the bench's --per-category")
     parser.add_argument("--best-of", type=int, nargs="*", default=[1, 2, 4, 8])
     parser.add_argument("--longest", type=int, default=16, help="a chain's most tokens (the branch's k_max)")
     parser.add_argument("--max-ngram", type=int, default=3)
     parser.add_argument("--min-ngram", type=int, default=2)
     args = parser.parse_args()
-    opener = gzip.open if args.results.suffix == ".gz" else open
-    with opener(args.results, "rt") as file:
-        results = json.load(file)["prompts"]
+    results = read_results(args.results)["prompts"]
     prompts = load_prompts(default_prompt_file(), per_category=args.per_category)
     decoder = quickdraft.load(method="none", measure_shapes=False)  # its tokenizer and chat template
     written, counted = defaultdict(int), defaultdict(lambda: defaultdict(int))

@@ -1,11 +1,11 @@
 """How much of a bench's plain output a draft vocabulary can draft at all.
 
 A head scores only its draft vocabulary; a token outside it is never drafted, however well the
-head knows the text. For a `quickdraft bench` results file, prints the share of method none's
+head knows the text. For a `quickdraft bench` report folder, prints the share of method none's
 output tokens (the target's own) inside each head's draft vocabulary and inside the N most
 frequent tokens of an answers file (what `train --vocab N` would keep), by group and overall.
 
-    python benchmarks/vocab_coverage.py --results docs/bench/head-vocab16k/results.json.gz \
+    python benchmarks/vocab_coverage.py --results docs/bench/head-vocab16k \
         --head quickdraft/heads/shipped/SmolLM2-135M-Instruct/eagle --answers data/answers/answers-*.jsonl \
         --sizes 8192 16384 24576 32768
 """
@@ -13,24 +13,20 @@ frequent tokens of an answers file (what `train --vocab N` would keep), by group
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 from collections import defaultdict
 from pathlib import Path
 
 from safetensors import safe_open
 
+from quickdraft.bench.report import read_results
 from quickdraft.heads.format import HEADS_FILE
 from quickdraft.training.distill import read_answers
 
 
 def plain_outputs(results: Path) -> dict[str, list[int]]:
     """group -> the tokens method none wrote for its prompts (the first repeat)."""
-    opener = gzip.open if results.suffix == ".gz" else open
-    with opener(results, "rt") as file:
-        prompts = json.load(file)["prompts"]
     groups: dict[str, list[int]] = defaultdict(list)
-    for prompt in prompts:
+    for prompt in read_results(results)["prompts"]:
         groups[prompt["category"]] += prompt["runs"]["none"][0]["tokens"]
     return groups
 
@@ -54,7 +50,12 @@ def coverage_row(groups: dict[str, list[int]], vocab: set[int]) -> dict[str, flo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, required=True, help="a bench results.json(.gz) with method none")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        required=True,
+        help="a bench report folder (its results.json or .json.gz) with method none",
+    )
     parser.add_argument("--head", type=Path, nargs="*", default=[], help="head folders (their draft vocabularies)")
     parser.add_argument("--answers", type=Path, nargs="*", default=[], help="answers files (train --distill)")
     parser.add_argument("--sizes", type=int, nargs="*", default=[8192, 16384, 24576, 32768])

@@ -230,16 +230,7 @@ def test_sampled_output_follows_the_target(small, method, params, lookup):
         first = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], params)  # [V]
         second = logits_to_probs(model(torch.tensor([[*prompt, t] for t in range(VOCAB)])).logits[:, -1], params)
     expected = first[:, None] * second  # [V, V]: the first two tokens
-    decoder = Decoder(
-        loaded(model, "t"),
-        None,
-        method_of(method),
-        3,
-        head=str(folder / method),
-        tree_top_k=2,
-        tree_nodes=5,
-        lookup=lookup,
-    )
+    decoder = head_decoder(model, folder, method, 3, tree_top_k=2, tree_nodes=5, lookup=lookup)
     counts = torch.zeros(VOCAB, VOCAB)
     trees = 0
     outputs = sample_batched(
@@ -435,16 +426,7 @@ def test_under_gumbel_max_a_head_guesses_the_seeds_pick(small, method):
     # the noise says so and is accepted far more often.
     model, folder = small
     prompt, runs = [1, 2, 3, 1, 2, 3, 1], 400
-    decoder = Decoder(
-        loaded(model, "t"),
-        None,
-        method_of(method),
-        1,
-        head=str(folder / method),
-        tree_top_k=1,
-        tree_nodes=1,
-        lookup=False,
-    )
+    decoder = head_decoder(model, folder, method, 1, tree_top_k=1, tree_nodes=1, lookup=False)
     d0 = decoder.generate(prompt, 2).steps[0].draft_tokens[0]  # greedy: the head's likeliest first token
     with torch.no_grad():
         p = logits_to_probs(model(torch.tensor([prompt])).logits[0, -1], SamplingParams(temperature=1.0))  # [V]
