@@ -31,14 +31,14 @@ def plain_outputs(results: Path) -> dict[str, list[int]]:
     return groups
 
 
-def most_frequent(answers: list[Path], size: int) -> set[int]:
-    """The `size` ids seen most often in the answers files' answers."""
+def by_frequency(answers: list[Path]) -> list[int]:
+    """Every id of the answers files' answers, most often seen first (ties: the lower id)."""
     counts: dict[int, int] = defaultdict(int)
     for path in answers:
         for ids in read_answers(path).values():
             for token in ids:
                 counts[token] += 1
-    return set(sorted(counts, key=lambda t: (-counts[t], t))[:size])
+    return sorted(counts, key=lambda t: (-counts[t], t))
 
 
 def coverage_row(groups: dict[str, list[int]], vocab: set[int]) -> dict[str, float]:
@@ -65,8 +65,9 @@ def main() -> None:
     for folder in args.head:
         with safe_open(str(folder / HEADS_FILE), "pt") as file:
             rows[f"head {folder}"] = coverage_row(groups, set(file.get_tensor("vocab").tolist()))
+    ranked = by_frequency(args.answers)  # read once, cut at each size
     for size in args.sizes if args.answers else []:
-        rows[f"top {size} of the answers"] = coverage_row(groups, most_frequent(args.answers, size))
+        rows[f"top {size} of the answers"] = coverage_row(groups, set(ranked[:size]))
     names = [*groups, "overall"]
     print(f"tokens: {sum(len(t) for t in groups.values())} of method none in {args.results}")
     print("| vocabulary | " + " | ".join(names) + " |")
