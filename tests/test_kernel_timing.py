@@ -65,6 +65,20 @@ def test_the_row_kernels_are_measured_once_then_read_from_their_file(tmp_path):
     assert measure_row_kernels(NativeWeights.from_model(tiny_llama(seed=1), "bf16"), tmp_path, progress=False) == {}
 
 
+def test_the_timed_row_kernels_give_the_default_kernels_bits(tmp_path):
+    """A choice made by timing changes speed, never an output: at fp32 the plain kernel, or padding,
+    is kept for n rows only where those rows get the packed unpadded kernel's bits."""
+    weights = NativeWeights.from_model(tiny_llama(seed=1), "fp32")
+    kernels = measure_row_kernels(weights, tmp_path, progress=False)
+    linears = [x for layer in weights.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    generator = torch.Generator().manual_seed(9)
+    with torch.inference_mode():
+        for linear in [*linears, weights.lm_head]:
+            x = torch.randn(ROW_GRID[-1], linear.in_features, generator=generator)
+            for n, kernel in kernels.items():
+                assert torch.equal(apply_linear(linear, x[:n], kernel), apply_linear(linear, x[:n], Kernel())), n
+
+
 @pytest.mark.speculation
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
 def test_forced_row_kernels_change_no_logit_and_no_token(tiny_target, precision):

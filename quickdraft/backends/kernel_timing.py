@@ -5,9 +5,10 @@ Which kernel is fastest for a pass of n rows differs between CPUs: on an AMD EPY
 fp32 pass through MKL's gemv path took twice as long as a four-token pass through oneDNN's
 packed kernel, on an Intel Xeon the reverse. So a backend times its own layers at a few row
 counts, both ways where it has two kernels, with and without padding to a larger row count,
-and keeps the fastest for each count. Padding adds rows after the real ones that no real row
-reads, so the choice changes speed, never a real row's arithmetic (at fp32 the two kernels
-may round differently in the last bits, as any two fp32 kernels do). Also timed here: which bf16
+and keeps the fastest for each count among those that give the real rows the bits the default
+kernel (packed, unpadded) gives them, checked on the timing's own inputs: at fp32 the two kernels
+may round differently in the last bits, as any two fp32 kernels do, and a choice made by timing
+must change speed, never an output. Also timed here: which bf16
 kernel multiplies faster, whether prompt rows go faster widened, whether tree rows may read the
 cache in place, and what a whole pass of n tokens costs (the cost model's prior).
 """
@@ -54,6 +55,7 @@ def measure_row_kernels(weights, folder: Path | None, progress: bool = True) -> 
         "shapes": sorted({tuple(_shape(x)) for x in linears}),
         "layers": len(weights.layers),
         "grid": ROW_GRID,
+        "bits": "default kernel's",  # choices made before only the default's bits were allowed are timed again
     }
 
     def measure() -> dict[int, list]:
@@ -82,8 +84,22 @@ def measure_row_kernels(weights, folder: Path | None, progress: bool = True) -> 
             ):
                 for case in cases:  # interleaved: drift hits every case alike
                     costs[case].append(wall_ms(lambda: run(*case)))
-        best = fastest_at_or_above({case: statistics.median(t) for case, t in costs.items()}, ROW_GRID)
-        return {n: [packed, rows if rows > n else 0] for n, (packed, rows) in best.items()}
+
+
+            def same_bits(n: int, packed: bool, rows: int) -> bool:  # n real rows get the default kernel's bits
+                return all(
+                    torch.equal(apply_linear(linear, x, Kernel(packed, rows)), apply_linear(linear, x, Kernel()))
+                    for linear in linears
+                    for x in [xs[(_shape(linear)[1], ROW_GRID[-1])][:n]]
+                )
+
+            medians = {case: statistics.median(t) for case, t in costs.items()}
+            choice = {}
+            for n in range(1, ROW_GRID[-1] + 1):  # the fastest case that keeps the bits (the default always does)
+                fastest = sorted((case for case in medians if case[-1] >= n), key=lambda c: (medians[c], c[-1]))
+                packed, rows = next((c for c in fastest if c == (True, n) or same_bits(n, *c)), (True, n))
+                choice[n] = [packed, rows if rows > n else 0]
+        return choice
 
     choice = cached_choice(folder, signature, measure)
     return {

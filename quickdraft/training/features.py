@@ -135,11 +135,14 @@ def target_features(
     (features bf16 [T, F], choices int32 [T]) as extract_features stores them. EAGLE-3 heads learn
     on responses only (choices -1 in the prompt up to 2 tokens before the response): those prompt
     rows run first in a pass with no logits: no LM head over most of a long prompt (7% less
-    time on 40 prompts of the licensed mix, SmolLM2-135M at fp32); prompt_choices: every row's."""
+    time on 40 prompts of the licensed mix, SmolLM2-135M at fp32); prompt_choices: every row's,
+    the prompt rows' from that same first pass, so the features are the same bits either way (a
+    row's bits may follow its pass's size, e.g. at fp32)."""
     caches = [backend.new_cache() for _ in batch]
-    firsts = [max(start - 2, 0) if layers and not prompt_choices else 0 for _, start in batch]  # first with a choice
+    firsts = [max(start - 2, 0) if layers else 0 for _, start in batch]  # the first row of the second pass
     early = [i for i, first in enumerate(firsts) if first]
-    prompts = [SeqPass(caches[i], batch[i][0][: firsts[i]], logits="none", hidden=True, taps=layers) for i in early]
+    prompt_logits = "all" if prompt_choices else "none"
+    prompts = [SeqPass(caches[i], batch[i][0][: firsts[i]], logits=prompt_logits, hidden=True, taps=layers) for i in early]
     before = dict(zip(early, backend.forward(prompts))) if prompts else {}
     rest = [
         SeqPass(cache, tokens[first:], hidden=True, taps=layers)
@@ -149,6 +152,8 @@ def target_features(
     for i, ((tokens, _), first, out) in enumerate(zip(batch, firsts, backend.forward(rest))):
         picked = torch.full((len(tokens),), -1, dtype=torch.int32)
         picked[first:] = out.logits.argmax(-1).to(torch.int32).cpu()
+        if prompt_choices and i in before:
+            picked[:first] = before[i].logits.argmax(-1).to(torch.int32).cpu()
         # hidden: the last hidden state after the final norm [T, H], or with layers the inputs of
         # those layers side by side [T, len(layers) H] (EAGLE-3's features).
         hidden = torch.cat([before[i].hidden, out.hidden]) if i in before else out.hidden
