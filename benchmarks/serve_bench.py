@@ -1,15 +1,18 @@
 """Server load: requests/s and tokens/s at several concurrencies, speculation on and off, and
-one client through the server against the library on the same requests.
+one client through the server against the library on the same requests; and the promise under
+load: how many answers differ from the same request's answer alone (the one-client run).
 
 Starts `quickdraft serve` in its own process on a free port (the embedded default target), as
 users run it; then for each method and concurrency C runs C client workers in this process,
 each sending its share of the requests one after another as streaming chat completions
-(greedy) through the official openai client. Right before each method's one-client run, this
-process decodes the same requests with the library (`Decoder.generate`, one at a time), so
-the single-client ratio compares runs made back to back. Prompts: Spec-Bench questions taken
+(greedy, or sampled with a seed of their own per request) through the official openai client.
+Right before each method's one-client run, this process decodes the same requests with the
+library (`Decoder.generate`, one at a time), so the single-client ratio compares runs made back
+to back. Prompts: Spec-Bench questions taken
 from each category in turn. Figures are over the whole wall time of each run.
 
     python benchmarks/serve_bench.py --output bench-out/serve
+    python benchmarks/serve_bench.py --precision fp32 --temperature 0.7 --concurrency 1 4 16
 """
 
 from __future__ import annotations
@@ -36,10 +39,18 @@ from quickdraft.bench.report import machine
 
 
 async def run_load(
-    url: str, model: str, prompts: list[str], concurrency: int, method: str | None, max_tokens: int
+    url: str,
+    model: str,
+    prompts: list[str],
+    concurrency: int,
+    method: str | None,
+    max_tokens: int,
+    temperature: float = 0.0,
 ) -> dict:
-    """C workers sending `prompts` as streaming greedy chat requests; method None: the server's own
-    (a peer's server, which knows no `quickdraft` field). Also returns each prompt's text."""
+    """C workers sending `prompts` as streaming chat requests (greedy; or sampled at `temperature`,
+    request i with seed i); method None: the server's own (a peer's server, which knows no
+    `quickdraft` field). Also returns each prompt's text."""
+    seeds = {prompt: i for i, prompt in enumerate(prompts)}
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
     queue = list(prompts)
     latencies, first_tokens, tokens, texts = [], [], 0, {}
@@ -53,7 +64,8 @@ async def run_load(
                 model=model,
                 messages=[{"role": "user", "content": prompt}],
                 max_tokens=max_tokens,
-                temperature=0,
+                temperature=temperature,
+                **({"seed": seeds[prompt]} if temperature > 0 else {}),
                 stream=True,
                 stream_options={"include_usage": True},
                 extra_body={"quickdraft": {"method": method}} if method else None,
@@ -87,18 +99,24 @@ async def run_load(
     }
 
 
+def differing(texts: dict[str, str], alone: dict[str, str]) -> int:
+    """How many requests' answers differ from their answers alone."""
+    return sum(texts.get(prompt) != text for prompt, text in alone.items())
+
+
 def quantile(values: list[float], share: float) -> float:
     """The value below which `share` of values lie (nearest rank: no interpolation over few requests)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
 
 
-def run_library(decoder, prompts: list[str], method: str, max_tokens: int) -> dict:
+def run_library(decoder, prompts: list[str], method: str, max_tokens: int, temperature: float = 0.0) -> dict:
     """The same requests through the library, one after another: tokens over the whole wall time."""
     method_decoder = decoder.with_method(method)
     start, tokens = time.perf_counter(), 0
-    for prompt in prompts:
-        out = method_decoder.generate(prompt, max_new_tokens=max_tokens, temperature=0.0)
+    for i, prompt in enumerate(prompts):
+        seed = {"seed": i} if temperature > 0 else {}
+        out = method_decoder.generate(prompt, max_new_tokens=max_tokens, temperature=temperature, **seed)
         tokens += len(out.token_ids)
     wall = time.perf_counter() - start
     return {"requests": len(prompts), "tokens": tokens, "seconds": wall, "tokens_per_second": tokens / wall}
@@ -171,51 +189,61 @@ def wait_for_health(process: subprocess.Popen, url: str, timeout: float, name: s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8], help="1 always runs (alone)")
     parser.add_argument("--methods", nargs="+", default=["none", "prompt-lookup"])
     parser.add_argument("--requests", type=int, default=16, help="requests per (method, concurrency) run")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--temperature", type=float, default=0.0, help="above 0: sampled, request i with seed i")
+    parser.add_argument("--target", default=None, help="the server's target (default: the embedded one)")
+    parser.add_argument("--backend", default=None, help="the server's backend (default: its own choice)")
+    parser.add_argument("--precision", default=None, help="the server's precision (default: its own choice)")
     parser.add_argument("--output", type=Path, default=Path("bench-out/serve"))
     args = parser.parse_args()
+    args.concurrency = sorted(set(args.concurrency) | {1})  # alone first: what every other run is held to
 
-    decoder = quickdraft.load(method="prompt-lookup", precision=args.precision)
+    chosen = {"target": args.target, "backend": args.backend, "precision": args.precision}
+    decoder = quickdraft.load(method="prompt-lookup", **{k: v for k, v in chosen.items() if v})
     source = default_prompt_file()
     prompts = spec_bench_requests(args.requests)
-    process, url = start_server(args.precision, max(args.concurrency), args.max_tokens)
+    flags = tuple(f for name in ("target", "backend") if chosen[name] for f in (f"--{name}", chosen[name]))
+    process, url = start_server(args.precision, max(args.concurrency), args.max_tokens, flags)
     model = decoder.target.name
     library = {}
     try:
         asyncio.run(run_load(url, model, prompts[:2], 2, "none", min(8, args.max_tokens)))  # warm-up
-        run_library(decoder, prompts[:2], "none", min(8, args.max_tokens))
+        run_library(decoder, prompts[:2], "none", min(8, args.max_tokens), args.temperature)
         results = {}
         cases = [(c, m) for c in args.concurrency for m in args.methods]
         for concurrency, method in tqdm(cases, desc="load", unit="run"):
             if concurrency == 1:  # the library on the same requests, right before the server
-                library[method] = run_library(decoder, prompts, method, args.max_tokens)
+                library[method] = run_library(decoder, prompts, method, args.max_tokens, args.temperature)
             results[(method, concurrency)] = asyncio.run(
-                run_load(url, model, prompts, concurrency, method, args.max_tokens)
+                run_load(url, model, prompts, concurrency, method, args.max_tokens, args.temperature)
             )
     finally:
         process.terminate()
         process.wait(60)
 
+    sampling = f"T {args.temperature}, request i seeded i" if args.temperature > 0 else "greedy"
     lines = [
-        f"Target: {model} ({args.precision}); {len(prompts)} streaming chat requests per run (greedy, "
-        f"max_tokens {args.max_tokens}, prompts from {source or 'the built-in set'}); max batch "
-        f"{max(args.concurrency)}; {date.today()}; {machine()}.",
+        f"Target: {model} ({decoder.backend_kind}, {decoder.precision}); {len(prompts)} streaming chat requests "
+        f"per run ({sampling}, max_tokens {args.max_tokens}, prompts from {source or 'the built-in set'}); max "
+        f'batch {max(args.concurrency)}; {date.today()}; {machine()}. "differ": answers that differ from the '
+        "same request's answer alone (the one-client run).",
         "",
-        "| concurrency | method | requests/s | tokens/s | median latency s | median first token s | tokens/s vs none |",
-        "|---|---|---|---|---|---|---|",
+        "| concurrency | method | requests/s | tokens/s | median latency s | median first token s | tokens/s vs none "
+        "| differ |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for concurrency in args.concurrency:
         base = results.get(("none", concurrency))
         for method in args.methods:
             r = results[(method, concurrency)]
             ratio = f"{r['tokens_per_second'] / base['tokens_per_second']:.2f}x" if base else ""
+            differ = differing(r["texts"], results[(method, 1)]["texts"])
             lines.append(
                 f"| {concurrency} | {method} | {r['requests_per_second']:.2f} | {r['tokens_per_second']:.1f} "
-                f"| {r['median_latency']:.2f} | {r['median_first_token']:.2f} | {ratio} |"
+                f"| {r['median_latency']:.2f} | {r['median_first_token']:.2f} | {ratio} | {differ} of {len(prompts)} |"
             )
     if library:
         lines += [

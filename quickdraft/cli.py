@@ -90,6 +90,12 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
         default=["transformers", "llama.cpp"],
         help="peer libraries to time (llama.cpp: when llama-cpp-python is installed and the target is a GGUF file)",
     )
+    bench.add_argument(
+        "--batch",
+        type=int,
+        help="each method also decodes the prompts this many at a time in shared passes; the report counts "
+        "outputs that differ from alone (0: no batched run; default 4)",
+    )
     bench.add_argument("--no-peers", action="store_true", help="leave out every peer")
     bench.add_argument("--quick", action="store_true", help="1 prompt per category, 48 tokens: a few minutes")
     add_option_flags(bench, model_only=True)
@@ -562,6 +568,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.per_category is not None and args.per_category < 1:
         raise QuickdraftError(f"--per-category must be >= 1, got {args.per_category}")
     BenchSettings(1, args.temperature, args.repeats, args.seed).check()  # before loading anything
+    if args.batch is not None and args.batch < 0:
+        raise QuickdraftError(f"--batch must be >= 0, got {args.batch}")
     decoder = quickdraft.load(args.target, args.draft, "none", **given_options(args))
     paths = bench(
         decoder,
@@ -577,6 +585,7 @@ def _bench(args: argparse.Namespace) -> int:
         peers=() if args.no_peers else tuple(args.peers),
         quick=args.quick,
         command=shlex.join(["quickdraft", *args.argv]),
+        **({"batch": args.batch} if args.batch is not None else {}),
     )
     report = paths["report"].read_text()
     print(report[: report.index("\n## ", report.index("## overall") + 1)].rstrip())  # header + overall table

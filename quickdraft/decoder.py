@@ -146,6 +146,13 @@ class Decoder:
         _ = self.prior_slope  # reads pass_ms, and so times the passes once
 
     @property
+    def batches_exactly(self) -> bool:
+        """Whether a sequence's output stays its own when other sequences share its passes (every
+        backend but a llama.cpp built without the ordered-cells patch, see Backend.ordered_cells)."""
+        backends = (self.target_backend, getattr(self.drafter, "backend", None))
+        return all(getattr(backend, "ordered_cells", True) for backend in backends if backend is not None)
+
+    @property
     def method(self) -> str:
         return self.config.method
 

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Build llama-cpp-python 0.3.36 from its source on PyPI into .venv, with one patch
-# (patches/llama-cpp-row-independent-attention.patch): no KV split for a lone query row in flash
-# attention, so a row of a one-token pass equals the same row of a verify pass bit for bit.
+# Build llama-cpp-python 0.3.36 from its source on PyPI into .venv, with the patches in patches/:
+# llama-cpp-row-independent-attention.patch (no KV split for a lone query row in flash attention,
+# so a row of a one-token pass equals the same row of a verify pass bit for bit) and
+# llama-cpp-ordered-cells.patch (a token takes a cell above its sequence's cells, so a sequence's
+# cells stay in position order in a pool shared with others: its rows do not depend on them).
 # Build flags work on any x86-64 CPU with AVX2, Intel or AMD: no -march=native (the build must not
 # depend on the machine that built it) and no AMX (a default build crashed in its AMX kernel on an
 # Intel Xeon). Skipped when this exact build is already installed. About 8 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=0.3.36
-PATCH=patches/llama-cpp-row-independent-attention.patch
-STAMP=".venv/llama-cpp-build-$(sha256sum "$PATCH" | cut -c1-16)-$VERSION"
+PATCHES=(patches/llama-cpp-row-independent-attention.patch patches/llama-cpp-ordered-cells.patch)
+STAMP=".venv/llama-cpp-build-$(cat "${PATCHES[@]}" | sha256sum | cut -c1-16)-$VERSION"
 if [[ -f "$STAMP" ]] && .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
     exit 0
 fi
@@ -21,14 +23,19 @@ trap 'rm -rf "$WORK"' EXIT
 .venv/bin/pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
     "llama-cpp-python==$VERSION" -d "$WORK"
 tar xzf "$WORK/llama_cpp_python-$VERSION.tar.gz" -C "$WORK"
-(cd "$WORK/llama_cpp_python-$VERSION" && git apply -p1 "$OLDPWD/$PATCH")
-echo "setup: building llama-cpp-python $VERSION with $PATCH (about 8 minutes on 2 cores)"
+for patch in "${PATCHES[@]}"; do
+    (cd "$WORK/llama_cpp_python-$VERSION" && git apply -p1 "$OLDPWD/$patch")
+done
+echo "setup: building llama-cpp-python $VERSION with ${PATCHES[*]} (about 8 minutes on 2 cores)"
 start=$SECONDS
 CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
 -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
     .venv/bin/pip install --quiet --disable-pip-version-check --no-deps "$WORK/llama_cpp_python-$VERSION"
 .venv/bin/pip install --quiet --disable-pip-version-check diskcache==5.6.3  # its one dependency not already here
+# What the build guarantees, for the backend to read (llama_cpp.applied_patches): the patches' names.
+PACKAGE=$(.venv/bin/python -c "import llama_cpp, pathlib; print(pathlib.Path(llama_cpp.__file__).parent)")
+printf '%s\n' "${PATCHES[@]##*/}" > "$PACKAGE/quickdraft-patches.txt"
 rm -f .venv/llama-cpp-build-*
 touch "$STAMP"
 echo "setup: llama.cpp built in $((SECONDS - start)) s"

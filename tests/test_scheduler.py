@@ -87,6 +87,32 @@ def test_batched_sequences_equal_each_alone(tiny_target, tiny_draft, backend, pr
     assert_speculated([c.output for c, (method, _) in zip(collectors, methods) if method != "none"])
 
 
+@pytest.mark.speculation
+@pytest.mark.parametrize("backend, precision", [("native", "fp32"), ("native", "int4"), ("hf", "fp32")])
+def test_sixteen_requests_of_mixed_lengths_equal_each_alone_greedy_and_seeded(
+    tiny_target, tiny_draft, backend, precision
+):
+    """16 requests, prompts of 3 to 150 tokens, half greedy and half sampled with seeds of their own,
+    served 4 and 16 at a time with a draft model: each equals its plain decoding alone."""
+    target, draft = loaded(tiny_target, "tiny"), loaded(tiny_draft, "tiny-draft")
+    decoder = Decoder(target, draft, "draft", 3, backend=backend, precision=precision)
+    prompts = [[(7 * i + 3 * j) % 32 for j in range(length)] for i, length in enumerate([3, 9, 40, 150] * 4)]
+    options = [{"temperature": 0.0} if i % 2 == 0 else {"temperature": 0.7, "seed": i} for i in range(16)]
+    plain = decoder.with_method("none")
+    expected = [plain.generate(p, max_new_tokens=12, **o).token_ids for p, o in zip(prompts, options)]
+    for max_batch in (4, 16):
+        scheduler = Scheduler(decoder, max_batch=max_batch, max_queue=16)
+        collectors = [Collector() for _ in prompts]
+        for collector, prompt, option in zip(collectors, prompts, options):
+            scheduler.submit(collector.job(prompt, 12, **option))
+        scheduler.start()
+        assert all(c.done.wait(120) for c in collectors)
+        scheduler.stop()
+        got = [c.output.token_ids for c in collectors]
+        assert [i for i in range(16) if got[i] != expected[i]] == [], max_batch
+    assert_speculated([c.output for c in collectors])
+
+
 def test_sampled_sequences_follow_their_own_seed(decoder):
     # Served beside each other, with the cost model's draft length: each text is its seed's plain
     # text (sampler gumbel), and rejection sampling's is its seed's alone with the same drafts.

@@ -97,6 +97,10 @@ class Backend(Protocol):
     # Optional: W where a backend's tree rows are exact only below the next multiple of W past the
     # root (backends/static.py); the engine cuts deeper tree nodes. Absent or None: no limit.
     tree_window: int | None
+    # Optional: False where a sequence's rows can depend on the other sequences sharing its pool or
+    # pass (llama.cpp built without the ordered-cells patch): a server then decodes one sequence at
+    # a time. Absent: True.
+    ordered_cells: bool
 
     def new_cache(self, length: int | None = None) -> Cache:
         """A new sequence's cache. length: the most entries it should need (prompt + new tokens), a

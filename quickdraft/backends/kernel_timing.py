@@ -85,7 +85,6 @@ def measure_row_kernels(weights, folder: Path | None, progress: bool = True) -> 
                 for case in cases:  # interleaved: drift hits every case alike
                     costs[case].append(wall_ms(lambda: run(*case)))
 
-
             def same_bits(n: int, packed: bool, rows: int) -> bool:  # n real rows get the default kernel's bits
                 return all(
                     torch.equal(apply_linear(linear, x, Kernel(packed, rows)), apply_linear(linear, x, Kernel()))

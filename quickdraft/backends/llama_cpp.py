@@ -130,8 +130,9 @@ class _Layout:
 
 
 # ggml's CPU flash attention tiles passes of 64 rows or more (GGML_FA_TILE_Q), which sums in
-# another order than the row-by-row path (and one that depends on where the cells sit): decodes
-# after a sequence's first stay below that.
+# another order than the row-by-row path, and in tiles of cells counted from the pool's first
+# cell, so a row's bits depend on where its sequence's cells sit, i.e. on what else holds cells:
+# every decode, a prompt's too, stays below that.
 ROW_INVARIANT_ROWS = 63
 # Rows of a decode get one-token bits only up to a size that depends on the file's tensor types and
 # this machine's kernels: ggml repacks Q4_K/Q4_0 weights for kernels that take 4 rows at once, and
@@ -145,6 +146,19 @@ EXACT_CONTEXT = 300  # cached tokens before the checked rows (fewer where sequen
 
 class NoRoom(ValueError):
     """The shared pool has no cells (or no sequence id) left for a pass."""
+
+
+# The patches scripts/build-llama-cpp.sh applies, as it lists them in the installed package: with
+# ORDERED_CELLS a token takes a cell above every cell of its sequences, so each sequence's cells stay
+# in position order in a pool shared with other sequences (docs/llama-cpp.md, "Exactness").
+PATCHES_FILE = "quickdraft-patches.txt"
+ORDERED_CELLS = "llama-cpp-ordered-cells.patch"
+
+
+def applied_patches(lib: object) -> frozenset[str]:
+    """The quickdraft patches the installed llama-cpp-python was built with (none for a stock build)."""
+    listed = Path(lib.__file__).parent / PATCHES_FILE
+    return frozenset(listed.read_text().split()) if listed.is_file() else frozenset()
 
 
 class LlamaCppCache:
@@ -295,6 +309,11 @@ class LlamaCppBackend:
         self._embeddings = False
         self._check_exact_rows = check_exact_rows or LlamaCppBackend.measure_exact_rows
         self._exact_rows: int | None = None  # checked when first needed
+        # Whether sequences sharing the pool keep their cells in order (the patched build): without
+        # it a sequence's rows can depend on the others', so only one sequence at a time is exact.
+        self.ordered_cells = ORDERED_CELLS in applied_patches(lib)
+        self.compactions = 0  # times the pool was compacted to make room above a sequence
+        self._caches: weakref.WeakSet[LlamaCppCache] = weakref.WeakSet()  # the live ones
 
     def set_threads(self, threads: int) -> None:
         """Run later passes on `threads` CPU threads (benchmarks/real_sizes.py times 1 and 2 in one run)."""
@@ -375,7 +394,9 @@ class LlamaCppBackend:
         return self.handles.free_ids.pop()
 
     def new_cache(self, length: int | None = None) -> LlamaCppCache:
-        return LlamaCppCache(self, self._take_id())
+        cache = LlamaCppCache(self, self._take_id())
+        self._caches.add(cache)
+        return cache
 
     def _release(self, seq: int) -> None:
         self.handles.release(seq)
@@ -405,16 +426,14 @@ class LlamaCppBackend:
                 raise ValueError("a pass needs at least one token")
         later = sum(len(p.tokens) + len(p.cache.pending) for p in passes if p.cache.length > 0)
         step = self.exact_rows if later > 1 else 1  # the first such pass runs the exactness check
-        layouts: list[_Layout] = []
         try:
-            for p in passes:
-                layouts.append(self._layout(p))
-            logits, hidden = self._run(passes, layouts, step)  # per pass: {batch place: row}
-        except BaseException:
-            for layout in layouts:
-                for view in layout.views:
-                    self._release(view)
-            raise
+            layouts, (logits, hidden) = self._laid_out_and_run(passes, step)  # per pass: {batch place: row}
+        except NoRoom:
+            # With ordered cells a token needs a free cell above its sequence's: there may be room
+            # below. Moving every sequence down in order (bits kept) makes it, then try once more.
+            if not self._compact():
+                raise
+            layouts, (logits, hidden) = self._laid_out_and_run(passes, step)
         results = []
         for k, (p, layout) in enumerate(zip(passes, layouts)):
             cache, n = p.cache, len(p.tokens)
@@ -428,6 +447,43 @@ class LlamaCppBackend:
             states = torch.from_numpy(np.stack([hidden[k][i] for i in places])) if p.hidden else None  # [n, H]
             results.append(PassOutput(rows, states))
         return results
+
+    def _laid_out_and_run(self, passes: list[SeqPass], step: int) -> tuple[list[_Layout], tuple[list, list]]:
+        """Lay out and run the passes (the views a failure leaves released)."""
+        layouts: list[_Layout] = []
+        try:
+            for p in passes:
+                layouts.append(self._layout(p))
+            return layouts, self._run(passes, layouts, step)
+        except BaseException:
+            for layout in layouts:
+                for view in layout.views:
+                    self._release(view)
+            raise
+
+    def _compact(self) -> bool:
+        """Move every sequence's cells to the bottom of the pool, in sequence id and cell order: each
+        sequence's state (its cells' keys and values, bits unchanged) is read out, the pool emptied
+        and the states written back, each into the lowest free cells. Only between passes (no
+        views), with ordered cells. Returns whether it ran."""
+        lib, context = self._lib, self._context
+        held = sorted(set(range(self.max_sequences)) - set(self.handles.free_ids))
+        if not self.ordered_cells or not held or any(cache.views for cache in self._caches):
+            return False  # a kept path's views share its sequence's cells: not moved apart
+        states = []
+        for seq in held:
+            size = int(lib.llama_state_seq_get_size(context, seq))
+            data = (ctypes.c_uint8 * size)()
+            if int(lib.llama_state_seq_get_data(context, data, size, seq)) != size:
+                raise RuntimeError(f"llama.cpp could not read sequence {seq}'s cells")
+            states.append((seq, data, size))
+        for seq, _, _ in states:
+            self._remove(seq, 0)
+        for seq, data, size in states:
+            if int(lib.llama_state_seq_set_data(context, data, size, seq)) != size:
+                raise RuntimeError(f"llama.cpp could not write sequence {seq}'s cells back")
+        self.compactions += 1
+        return True
 
     def _layout(self, p: SeqPass) -> _Layout:
         """Where each token of the pass goes: the cache's pending tokens first (in the sequence and in
@@ -497,18 +553,19 @@ class LlamaCppBackend:
 
     def _run(self, passes: list[SeqPass], layouts: list[_Layout], step: int) -> tuple[list[dict], list[dict]]:
         """Decode every layout: the first pass of each sequence (its prompt, the same pass whatever
-        the method or the batch) alone, in decodes of up to batch_tokens that llama.cpp splits as it
-        likes (its fast tiled path for long prompts); every later pass in decodes of at most `step`
-        (exact_rows) tokens, where each row gets the bits a one-token pass gives it. Returns, per
-        pass, its logits rows and hidden rows by place in its layout."""
+        the method or the batch) alone, in decodes of ROW_INVARIANT_ROWS tokens counted from the
+        prompt's start, so its rows take the same kernels whatever shares the pool; every later
+        pass in decodes of at most `step` (exact_rows) tokens, where each row gets the bits a
+        one-token pass gives it. Returns, per pass, its logits rows and hidden rows by place in its
+        layout."""
         entries = [(k, i) for k, layout in enumerate(layouts) for i in range(len(layout.tokens))]
         first = [(k, i) for k, i in entries if passes[k].cache.length == 0]
         later = [(k, i) for k, i in entries if passes[k].cache.length > 0]
-        most = self.batch_tokens
+        most = ROW_INVARIANT_ROWS
         chunks = []
         for k in sorted({k for k, _ in first}):  # a prompt alone: its rows' bits do not depend on others'
             own = [entry for entry in first if entry[0] == k]
-            chunks += [own[j : j + most] for j in range(0, len(own), most)]  # llama.cpp aborts on a longer batch
+            chunks += [own[j : j + most] for j in range(0, len(own), most)]
         chunks += [later[j : j + step] for j in range(0, len(later), step)]
         logits: list[dict] = [{} for _ in passes]
         hidden: list[dict] = [{} for _ in passes]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quickdraft.bench.contenders import Contender, method_contenders
-from quickdraft.bench.harness import BenchSettings, run_bench
+from quickdraft.bench.harness import BenchSettings, run_batched, run_bench
 from quickdraft.bench.peers import llama_cpp_peers, transformers_peers
 from quickdraft.bench.prompts import default_prompt_file, load_prompts
 from quickdraft.bench.report import write_report
@@ -16,6 +16,7 @@ from quickdraft.settings import SAMPLING
 
 FULL_PER_CATEGORY, QUICK_PER_CATEGORY = 10, 1
 FULL_NEW_TOKENS, QUICK_NEW_TOKENS = SAMPLING["max_new_tokens"].default, 48
+BATCH = 4  # prompts a method decodes at a time in its batched run (the outputs held to each prompt's alone)
 PEERS = ("transformers", "llama.cpp")
 
 
@@ -34,13 +35,18 @@ def bench(
     quick: bool = False,
     progress: bool = True,
     command: str | None = None,
+    batch: int = BATCH,
 ) -> dict[str, Path]:
     """Time `methods` (specs, or "all") against method none and the peers; write report, JSON, plots.
 
     decoder: a loaded Decoder whose target, draft, backend and precision every method shares.
     peers: which peer libraries run ("transformers", "llama.cpp"; llama.cpp when installed)
     quick: one prompt per category and 48 new tokens unless given (a few minutes on a laptop CPU).
-    command: the command line, kept in the report's header."""
+    command: the command line, kept in the report's header. batch: each method also decodes the
+    prompts this many at a time in shared passes, and the report counts the outputs that differ
+    from the same prompt's alone (0 or 1: no batched run)."""
+    if batch < 0:
+        raise QuickdraftError(f"batch must be >= 0, got {batch}")
     per_category = per_category or (QUICK_PER_CATEGORY if quick else FULL_PER_CATEGORY)
     max_new_tokens = max_new_tokens or (QUICK_NEW_TOKENS if quick else FULL_NEW_TOKENS)
     settings = BenchSettings(max_new_tokens, temperature, repeats, seed)
@@ -57,6 +63,8 @@ def bench(
     if "llama.cpp" in peers:
         contenders += llama_cpp_peers(decoder.target.gguf, decoder.eos_ids)
     result = run_bench(encoded, contenders, settings, progress)
+    if batch > 1:
+        result.batched = run_batched(result, encoded, batch, progress)
     summaries = summarise_all(result)
     header = {
         "target": decoder.target.name,

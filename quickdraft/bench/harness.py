@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from quickdraft.bench.contenders import BASELINE, Contender, RunRecord
+from quickdraft.bench.contenders import BASELINE, Contender, MethodContender, RunRecord
+from quickdraft.engine import prefill, step
 from quickdraft.errors import QuickdraftError
 from quickdraft.settings import SAMPLING, checked_sampling
 
@@ -34,10 +36,22 @@ class PromptRuns:
 
 
 @dataclass
+class BatchedRun:
+    """A quickdraft method's prompts decoded `batch` at a time (each batch's sequences sharing
+    every pass, as the server runs them), held to the same prompts decoded alone."""
+
+    batch: int
+    tokens: int  # new tokens over all prompts
+    seconds: float  # wall time of all batches
+    differ: list[int]  # prompt numbers whose tokens differ from the same prompt's alone
+
+
+@dataclass
 class BenchResult:
     settings: BenchSettings
     contenders: list[Contender]
     prompts: list[PromptRuns]
+    batched: dict[str, BatchedRun] = field(default_factory=dict)  # quickdraft contender -> its batched run
 
     @property
     def greedy(self) -> bool:
@@ -72,3 +86,32 @@ def run_bench(
                     bar.update()
             results.append(row)
     return BenchResult(settings, contenders, results)
+
+
+def run_batched(
+    result: BenchResult, encoded: list[tuple[str, list[int]]], batch: int, progress: bool = True
+) -> dict[str, BatchedRun]:
+    """Each quickdraft contender's prompts again, `batch` at a time in shared passes (prefilled
+    together, stepped together; the sampling settings and seed of the runs alone), each output
+    compared with its first run alone: what a server's batching must not change."""
+    s = result.settings
+    methods = [c for c in result.contenders if isinstance(c, MethodContender)]
+    runs: dict[str, BatchedRun] = {}
+    for contender in tqdm(methods, desc=f"bench: {batch} at a time", unit="method", disable=not progress):
+        decoder, tokens, seconds, differ = contender.decoder, 0, 0.0, []
+        for first in range(0, len(encoded), batch):
+            chosen = range(first, min(first + batch, len(encoded)))
+            start = time.perf_counter()
+            generations = [decoder.prepare(encoded[i][1], s.max_new_tokens, s.temperature, seed=s.seed) for i in chosen]
+            prefill(generations)
+            while live := [g for g in generations if not g.done]:
+                step(live)
+            seconds += time.perf_counter() - start
+            for i, generation in zip(chosen, generations):
+                if generation.error is not None:
+                    raise generation.error
+                tokens += len(generation.new_tokens)
+                if generation.new_tokens != result.prompts[i].runs[contender.name][0].tokens:
+                    differ.append(i + 1)
+        runs[contender.name] = BatchedRun(batch, tokens, seconds, differ)
+    return runs

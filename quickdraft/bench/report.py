@@ -148,8 +148,33 @@ def markdown(result: BenchResult, summaries: dict[str, dict[str, Summary]], head
                 "quantized weights, quickdraft with their de-quantized fp32 values): "
                 + "; ".join(f"{name}: {len(numbers)} prompts" for name, numbers in peers.items())
             )
+    lines += batched_lines(result)
     lines += ["", "## Plots", ""] + [f"![{key}]({file})" for key, file in PLOTS.items()]
     return "\n".join(lines) + "\n"
+
+
+def batched_lines(result: BenchResult) -> list[str]:
+    """The batched runs' section: tok/s with the prompts sharing passes, and how many outputs differ
+    from the same prompt alone (the promise: none)."""
+    if not result.batched:
+        return []
+    batch = next(iter(result.batched.values())).batch
+    count = len(result.prompts)
+    lines = [
+        "",
+        f"## Batched ({batch} prompts at a time)",
+        "",
+        f"Each method's prompts again, {batch} at a time in shared passes (as the server batches them), "
+        "with the same sampling settings and seed; tok/s: all new tokens over all batches' wall time. "
+        "Differ: outputs that differ from the same prompt decoded alone (above).",
+        "",
+        "| contender | tok/s batched | differ from alone |",
+        "|---|---|---|",
+    ]
+    for name, run in result.batched.items():
+        differ = f"{len(run.differ)} of {count}" + (f" (prompts {run.differ})" if run.differ else "")
+        lines.append(f"| {name} | {run.tokens / run.seconds:.1f} | {differ} |")
+    return lines
 
 
 def write_plots(output: Path, result: BenchResult, summaries: dict[str, dict[str, Summary]]) -> list[Path]:
@@ -198,6 +223,7 @@ def write_report(
             for p in result.prompts
         ],
     }
+    raw["batched"] = {name: asdict(run) for name, run in result.batched.items()}
     results = output / "results.json"
     results.write_text(json.dumps(raw, indent=1))
     plots = write_plots(output, result, summaries)

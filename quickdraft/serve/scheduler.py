@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,6 +70,15 @@ class Scheduler:
     ) -> None:
         if max_batch < 1 or max_queue < 1:
             raise QuickdraftError("max_batch and max_queue must be >= 1")
+        if not decoder.batches_exactly and max_batch > 1:
+            # Sequences sharing this llama.cpp's pool could change each other's bits: one at a time.
+            warnings.warn(
+                "quickdraft serve: this llama-cpp-python was built without patches/llama-cpp-ordered-cells.patch "
+                "(./setup.sh builds it): requests sharing a pass could change each other's answers, so they "
+                "are decoded one at a time (--max-batch 1)",
+                stacklevel=2,
+            )
+            max_batch = 1
         self.decoder, self.max_batch, self.max_queue = decoder, max_batch, max_queue
         self.metrics = metrics or ServerMetrics()
         self._waiting: deque[Job] = deque()

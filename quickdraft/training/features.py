@@ -142,7 +142,9 @@ def target_features(
     firsts = [max(start - 2, 0) if layers else 0 for _, start in batch]  # the first row of the second pass
     early = [i for i, first in enumerate(firsts) if first]
     prompt_logits = "all" if prompt_choices else "none"
-    prompts = [SeqPass(caches[i], batch[i][0][: firsts[i]], logits=prompt_logits, hidden=True, taps=layers) for i in early]
+    prompts = [
+        SeqPass(caches[i], batch[i][0][: firsts[i]], logits=prompt_logits, hidden=True, taps=layers) for i in early
+    ]
     before = dict(zip(early, backend.forward(prompts))) if prompts else {}
     rest = [
         SeqPass(cache, tokens[first:], hidden=True, taps=layers)
