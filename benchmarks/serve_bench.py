@@ -140,13 +140,21 @@ def write_report(folder: Path, report: str, raw: dict) -> None:
 
 
 def start_server(
-    precision: str | None, max_batch: int, max_tokens: int, extra: tuple[str, ...] = (), timeout: float = 300
+    precision: str | None,
+    max_batch: int,
+    max_tokens: int,
+    extra: tuple[str, ...] = (),
+    timeout: float = 300,
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> tuple[subprocess.Popen, str]:
-    """`quickdraft serve` (with `extra` flags) in its own process on a free port; returns it once
-    /health answers."""
+    """`quickdraft serve` (with `extra` flags) in its own process on a free port, run by `python`
+    in `cwd` (with `env`: another checkout's, run in it, since `python -m` reads the working folder's
+    package first); returns it once /health answers."""
     port = free_port()
     command = [
-        sys.executable,
+        python,
         "-m",
         "quickdraft.cli",
         "serve",
@@ -159,7 +167,7 @@ def start_server(
         str(max_tokens),
         *extra,
     ]
-    process = subprocess.Popen(command)
+    process = subprocess.Popen(command, env=env, cwd=cwd)
     url = f"http://127.0.0.1:{port}"
     wait_for_health(process, url, timeout, "quickdraft serve")
     return process, url

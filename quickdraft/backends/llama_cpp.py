@@ -148,6 +148,10 @@ class NoRoom(ValueError):
     """The shared pool has no cells (or no sequence id) left for a pass."""
 
 
+class NoCells(NoRoom):
+    """llama.cpp found no free cells for a decode (with ordered cells: none above a sequence's)."""
+
+
 # The patches scripts/build-llama-cpp.sh applies, as it lists them in the installed package: with
 # ORDERED_CELLS a token takes a cell above every cell of its sequences, so each sequence's cells stay
 # in position order in a pool shared with other sequences (docs/llama-cpp.md, "Exactness").
@@ -276,7 +280,7 @@ class LlamaCppBackend:
         params.n_ctx = cells or min(trained, DEFAULT_CELLS)
         # No more sequences than cells (each holds one at least): llama.cpp aborts on a pool smaller than n_seq_max.
         self.max_sequences = min(self.max_sequences, int(params.n_ctx))
-        params.n_batch = params.n_ctx  # a whole prompt in one decode (llama.cpp splits it into ubatches)
+        params.n_batch = params.n_ctx  # decodes take at most ROW_INVARIANT_ROWS tokens (_run), never more
         params.n_ubatch = 512
         params.n_seq_max = self.max_sequences
         params.kv_unified = True  # one pool of cells: sequences share cells by id, nothing is copied
@@ -298,7 +302,6 @@ class LlamaCppBackend:
         self._context, self._memory = context, self.handles.memory
         weakref.finalize(self, self.handles.close)
         self.cells = int(lib.llama_n_ctx(context))
-        self.batch_tokens = int(lib.llama_n_batch(context))  # the most tokens one decode may take
         self.max_length = min(trained, self.cells)
         vocab = lib.llama_model_get_vocab(model)
         self.vocab_size = int(lib.llama_vocab_n_tokens(vocab))
@@ -428,7 +431,7 @@ class LlamaCppBackend:
         step = self.exact_rows if later > 1 else 1  # the first such pass runs the exactness check
         try:
             layouts, (logits, hidden) = self._laid_out_and_run(passes, step)  # per pass: {batch place: row}
-        except NoRoom:
+        except NoCells:
             # With ordered cells a token needs a free cell above its sequence's: there may be room
             # below. Moving every sequence down in order (bits kept) makes it, then try once more.
             if not self._compact():
@@ -602,7 +605,7 @@ class LlamaCppBackend:
             self._embeddings = hidden
         code = lib.llama_decode(self._context, batch)
         if code == 1:
-            raise NoRoom("llama.cpp decode failed: no room left in the cache cells")
+            raise NoCells("llama.cpp decode failed: no room left in the cache cells")
         if code != 0:
             raise ValueError(f"llama.cpp decode failed: error {code}")
 
