@@ -10,6 +10,8 @@ and with a stock build, each in its own process, alternating rounds, on Spec-Ben
 A stock build in a folder:  pip install --no-deps --target /tmp/stock llama-cpp-python==0.3.36
   (CMAKE_ARGS as in scripts/build-llama-cpp.sh)
 Run:  .venv/bin/python benchmarks/llama_cpp_patch_cost.py --stock-site /tmp/stock
+One patch's cost: a build with every other patch (e.g. without patches/llama-cpp-ordered-cells.patch)
+  as --stock-site, named with --baseline "without ordered cells".
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def _prompts(per_category: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stock-site", required=True, help="folder holding a stock llama-cpp-python build")
+    parser.add_argument("--baseline", default="stock", help="what to call that build in the table")
     parser.add_argument("--per-category", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
@@ -102,7 +105,7 @@ def main() -> None:
         f"llama.cpp plain decoding, {args.tokens} tokens, {args.threads} threads, median of {args.rounds} "
         f"rounds per prompt; {time.strftime('%Y-%m-%d')}"
     )
-    print("| prompt tokens | stock tok/s | patched tok/s | patched / stock |")
+    print(f"| prompt tokens | {args.baseline} tok/s | patched tok/s | patched / {args.baseline} |")
     print("|---|---|---|---|")
     ratios = []
     for index in prompts:

@@ -35,8 +35,8 @@ PARAGRAPH = (
     "costs rose by three. Most of the growth came from the new service contracts in the northern region, "
     "and the board asked for a breakdown by customer size before the next meeting. "
 )
-# Short, medium and long prompts: one over 63 tokens (a prompt decoded in parts), one over 512
-# (past llama.cpp's ubatch and its KV-split threshold).
+# Short, medium and long prompts: some over 63 tokens (a prompt decoded in parts), one over 256
+# (flash attention's KV-split threshold for a lone row once the pool holds 256 cells or more).
 PROMPTS = [
     "Hi!",
     "Write a Python function that checks whether a number is prime.",
@@ -45,15 +45,15 @@ PROMPTS = [
     "List the steps to make a cup of tea.",
     "Rewrite this more formally: " + PARAGRAPH * 2,
     "What is 17 times 23? Explain.",
-    "Give a title to this text: " + PARAGRAPH * 10,
+    "Give a title to this text: " + PARAGRAPH * 4,
 ]
-NEW_TOKENS = 16
+NEW_TOKENS = 12
 
 
 def jobs(decoder: Decoder) -> list[tuple[list[int], dict]]:
     """16 requests: each prompt greedy and sampled with a seed of its own (T = 0.7)."""
     ids = [decoder.encode(prompt) for prompt in PROMPTS]
-    assert max(len(p) for p in ids) > 512 and min(len(p) for p in ids) < 63
+    assert max(len(p) for p in ids) > 256 and min(len(p) for p in ids) < 63
     greedy = [(p, {"temperature": 0.0}) for p in ids]
     sampled = [(p, {"temperature": 0.7, "seed": 100 + i}) for i, p in enumerate(ids)]
     return [request for pair in zip(greedy, sampled) for request in pair]
