@@ -47,6 +47,9 @@ def main() -> None:
     parser.add_argument("--backend", help="the servers' backend (default: their own choice)")
     parser.add_argument("--precision", help="the servers' precision (default: their own choice)")
     parser.add_argument("--context", type=int, default=8192, help="cells: room for every concurrent request")
+    parser.add_argument(
+        "--completions", action="store_true", help="text completions (a target without a chat template)"
+    )
     parser.add_argument("--output", type=Path, default=Path("bench-out/exact-under-load"))
     args = parser.parse_args()
     if not args.after_only and not args.before_path:
@@ -69,12 +72,12 @@ def main() -> None:
     try:
         model = httpx.get(next(iter(servers.values()))[1] + "/v1/models").json()["data"][0]["id"]
         for _, url in servers.values():  # warm-up: the one-time checks and timings
-            asyncio.run(run_load(url, model, prompts[:2], 2, args.method, 8))
+            asyncio.run(run_load(url, model, prompts[:2], 2, args.method, 8, chat=not args.completions))
         cases = [(t, c, side) for t in args.temperatures for c in concurrency for side in servers]
         for temperature, clients, side in tqdm(cases, desc="load", unit="run"):
             url = servers[side][1]
             results[(side, temperature, clients)] = asyncio.run(
-                run_load(url, model, prompts, clients, args.method, args.max_tokens, temperature)
+                run_load(url, model, prompts, clients, args.method, args.max_tokens, temperature, not args.completions)
             )
     finally:
         for process, _ in servers.values():

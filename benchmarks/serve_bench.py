@@ -46,10 +46,12 @@ async def run_load(
     method: str | None,
     max_tokens: int,
     temperature: float = 0.0,
+    chat: bool = True,
 ) -> dict:
     """C workers sending `prompts` as streaming chat requests (greedy; or sampled at `temperature`,
     request i with seed i); method None: the server's own (a peer's server, which knows no
-    `quickdraft` field). Also returns each prompt's text."""
+    `quickdraft` field); chat False: text completions (a model without a chat template). Also
+    returns each prompt's text."""
     seeds = {prompt: i for i, prompt in enumerate(prompts)}
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
     queue = list(prompts)
@@ -60,9 +62,11 @@ async def run_load(
         while queue:
             prompt = queue.pop()
             start = time.perf_counter()
-            stream = await client.chat.completions.create(
+            ask = client.chat.completions.create if chat else client.completions.create
+            given = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
+            stream = await ask(
                 model=model,
-                messages=[{"role": "user", "content": prompt}],
+                **given,
                 max_tokens=max_tokens,
                 temperature=temperature,
                 **({"seed": seeds[prompt]} if temperature > 0 else {}),
@@ -72,9 +76,10 @@ async def run_load(
             )
             first, pieces = None, []
             async for chunk in stream:
-                if chunk.choices and chunk.choices[0].delta.content:
+                piece = (chunk.choices[0].delta.content if chat else chunk.choices[0].text) if chunk.choices else None
+                if piece:
                     first = first or time.perf_counter() - start
-                    pieces.append(chunk.choices[0].delta.content)
+                    pieces.append(piece)
                 if chunk.usage is not None:
                     tokens += chunk.usage.completion_tokens
             texts[prompt] = "".join(pieces)
