@@ -45,7 +45,7 @@ PROMPTS = [
     "List the steps to make a cup of tea.",
     "Rewrite this more formally: " + PARAGRAPH * 2,
     "What is 17 times 23? Explain.",
-    "Give a title to this text: " + PARAGRAPH * 4,
+    "Give a title to this text: " + PARAGRAPH * 6,
 ]
 NEW_TOKENS = 12
 

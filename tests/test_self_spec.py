@@ -1,5 +1,7 @@
 """Self-speculative drafting: the target's own layers, shared, never copied."""
 
+import copy
+
 import pytest
 import torch
 from conftest import loaded, tiny_llama
@@ -20,11 +22,15 @@ def test_view_shares_weights_and_matches_a_truncated_model(deep_target):
     view = layer_subset_model(deep_target, [0, 1, 2])
     target_storage = {p.data_ptr() for p in deep_target.parameters()}
     assert all(p.data_ptr() in target_storage for p in view.parameters())
-    # Reference: run the first three layers by hand with the target's own modules.
+    # Reference: a truncated copy. Not the target's hidden states: transformers captures them with
+    # hooks on each layer, and a view that ran on shared layers left its own hooks there, so after
+    # another test's view the target's hidden_states[3] was not layer 2's output (a reversed run).
+    truncated = copy.deepcopy(deep_target)
+    truncated.model.layers = truncated.model.layers[:3]
+    truncated.config.num_hidden_layers = 3
     tokens = torch.tensor([[3, 1, 4, 1, 5]])
     with torch.no_grad():
-        states = deep_target(tokens, output_hidden_states=True).hidden_states[3]  # after layer 2
-        reference = deep_target.lm_head(deep_target.model.norm(states))[0]
+        reference = truncated(tokens).logits[0]
     runner = hf(view, cache_config=deep_target.config)
     assert torch.allclose(runner.forward(tokens[0].tolist()), reference, atol=1e-5)
 
