@@ -86,7 +86,8 @@ def main() -> None:
 
     lines = [
         f"Target: {args.target or 'the embedded default'} ({args.backend or 'auto'} backend, "
-        f"{args.precision or 'its precision'}); method {args.method}; {len(prompts)} streaming chat requests "
+        f"{args.precision or 'its precision'}); method {args.method}; {len(prompts)} streaming "
+        f"{'text completion' if args.completions else 'chat'} requests "
         f"per run (Spec-Bench, max_tokens {args.max_tokens}, request i seeded i); context {args.context}; "
         f"{date.today()}; {machine()}. differ: answers that differ from the same server's answer alone "
         "(concurrency 1).",
