@@ -3,14 +3,21 @@
 # llama-cpp-row-independent-attention.patch (no KV split for a lone query row in flash attention,
 # so a row of a one-token pass equals the same row of a verify pass bit for bit) and
 # llama-cpp-ordered-cells.patch (a token takes a cell above its sequence's cells, so a sequence's
-# cells stay in position order in a pool shared with others: its rows do not depend on them).
+# cells stay in position order in a pool shared with others: its rows do not depend on them) and
+# llama-cpp-row-exact-matmul.patch (one kernel for Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K products of
+# 1 to 63 rows, each weight block unpacked once for all rows and each row summed in the same order
+# whatever the pass holds: a verify pass of N rows costs little more than one, and its rows equal
+# one-token passes bit for bit). Repacking is off (-DGGML_CPU_REPACK=OFF): repacked Q4_0/Q4_K
+# weights take kernels that change with the number of rows, and the row-exact kernel reads ggml's
+# own block layout.
 # Build flags work on any x86-64 CPU with AVX2, Intel or AMD: no -march=native (the build must not
 # depend on the machine that built it) and no AMX (a default build crashed in its AMX kernel on an
 # Intel Xeon). Skipped when this exact build is already installed. About 8 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=0.3.36
-PATCHES=(patches/llama-cpp-row-independent-attention.patch patches/llama-cpp-ordered-cells.patch)
+PATCHES=(patches/llama-cpp-row-independent-attention.patch patches/llama-cpp-ordered-cells.patch
+    patches/llama-cpp-row-exact-matmul.patch)
 STAMP=".venv/llama-cpp-build-$(cat "${PATCHES[@]}" | sha256sum | cut -c1-16)-$VERSION"
 if [[ -f "$STAMP" ]] && .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
     exit 0
@@ -29,7 +36,7 @@ done
 echo "setup: building llama-cpp-python $VERSION with ${PATCHES[*]} (about 8 minutes on 2 cores)"
 start=$SECONDS
 CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
--DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
+-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_CPU_REPACK=OFF" \
 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
     .venv/bin/pip install --quiet --disable-pip-version-check --no-deps "$WORK/llama_cpp_python-$VERSION"
 .venv/bin/pip install --quiet --disable-pip-version-check diskcache==5.6.3  # its one dependency not already here

@@ -73,20 +73,24 @@ class LogTap:
             self.buffers[found.group(1)] = int(float(found.group(2)) * (1 << 20))
 
 
-# What llama.cpp's CPU back end repacks on an x86 CPU with AVX2 (ggml-cpu's repack.cpp, this build):
-# these types, in matrices whose rows come in whole groups of 8. Checked against the buffer sizes
-# llama.cpp logs at load by tests/test_llama_cpp_backend.py, so a build that repacks otherwise fails it.
+# What a stock llama.cpp's CPU back end repacks on an x86 CPU with AVX2 (ggml-cpu's repack.cpp): these
+# types, in matrices whose rows come in whole groups of 8. setup.sh's build repacks nothing (its
+# row-exact kernels read ggml's own layout). Checked against the buffer sizes llama.cpp logs at load
+# by tests/test_llama_cpp_backend.py, so a build that repacks otherwise fails it.
 REPACKED_TYPES = ("Q4_0", "Q4_K", "IQ4_NL")
 REPACK_ROWS = 8
 
 
-def repacked_bytes(tensors: list, capability: str | None = None) -> int:
+def repacked_bytes(tensors: list, capability: str | None = None, repacks: bool | None = None) -> int:
     """Bytes llama.cpp's CPU back end copies beside the mapped file for its kernels, from a GGUF
     tensor table (gguf's ReaderTensors): the matrices of REPACKED_TYPES it multiplies (not the
     token embedding, which it only looks up, unless the file ties the output head to it) on a
-    CPU with AVX2 (capability: torch's name for this CPU's vector unit; elsewhere none counted)."""
+    CPU with AVX2 (capability: torch's name for this CPU's vector unit; elsewhere none counted).
+    repacks: whether the build repacks (default: all but setup.sh's, which lists ROW_EXACT_MATMUL)."""
     capability = capability or torch.backends.cpu.get_cpu_capability()
-    if capability not in ("AVX2", "AVX512"):
+    if repacks is None:
+        repacks = ROW_EXACT_MATMUL not in installed_patches()
+    if capability not in ("AVX2", "AVX512") or not repacks:
         return 0
     tied = not any(t.name == "output.weight" for t in tensors)
     return sum(
@@ -135,12 +139,13 @@ class _Layout:
 # every decode, a prompt's too, stays below that.
 ROW_INVARIANT_ROWS = 63
 # Rows of a decode get one-token bits only up to a size that depends on the file's tensor types and
-# this machine's kernels: ggml repacks Q4_K/Q4_0 weights for kernels that take 4 rows at once, and
-# its sgemm path takes Q5_0/Q8_0 rows in blocks (Gemma 3 270M's Q4_K_M file: exact up to 3 rows here,
-# SmolLM2's Q4_1 up to 63). So each file's exact size is measured at load (exact_rows).
-# Up to 32: verify passes are K + 1 tokens, and a larger tree pass in parts of 32 costs little more,
-# while each size checked costs as many one-token passes (the check's cost on a first run).
-EXACT_GRID = (2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
+# the build's kernels. setup.sh's build (ROW_EXACT_MATMUL) multiplies Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and
+# Q6_K matrices row-exactly up to ROW_INVARIANT_ROWS; a stock build repacks Q4_K/Q4_0 weights for
+# kernels that take 4 rows at once and takes Q5_0/Q8_0 rows in sgemm blocks (Gemma 3 270M's Q4_K_M
+# file: exact up to 3 rows there). So each file's exact size is measured at load (exact_rows), a guard
+# for types the row-exact kernels do not cover: a pass is decoded in parts of that size.
+# Each size checked costs a pass, and the check as many one-token passes as its largest size.
+EXACT_GRID = (2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, ROW_INVARIANT_ROWS)
 EXACT_CONTEXT = 300  # cached tokens before the checked rows (fewer where sequences are shorter)
 
 
@@ -157,11 +162,25 @@ class NoCells(NoRoom):
 # in position order in a pool shared with other sequences (docs/llama-cpp.md, "Exactness").
 PATCHES_FILE = "quickdraft-patches.txt"
 ORDERED_CELLS = "llama-cpp-ordered-cells.patch"
+# With ROW_EXACT_MATMUL, Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K products of 1-63 rows take one kernel that sums
+# each row in the same order whatever the pass holds (and nothing is repacked); files of other types
+# still rely on the exactness check (exact_rows) to split passes.
+ROW_EXACT_MATMUL = "llama-cpp-row-exact-matmul.patch"
 
 
 def applied_patches(lib: object) -> frozenset[str]:
-    """The quickdraft patches the installed llama-cpp-python was built with (none for a stock build)."""
-    listed = Path(lib.__file__).parent / PATCHES_FILE
+    """The quickdraft patches the loaded llama-cpp-python was built with (none for a stock build)."""
+    return _listed_patches(Path(lib.__file__).parent)
+
+
+def installed_patches() -> frozenset[str]:
+    """The same for the installed llama-cpp-python, found without importing it (none if absent)."""
+    spec = importlib.util.find_spec("llama_cpp")
+    return _listed_patches(Path(spec.origin).parent) if spec is not None and spec.origin else frozenset()
+
+
+def _listed_patches(package: Path) -> frozenset[str]:
+    listed = package / PATCHES_FILE
     return frozenset(listed.read_text().split()) if listed.is_file() else frozenset()
 
 

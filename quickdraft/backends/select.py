@@ -39,7 +39,7 @@ from quickdraft.backends.kinds import (
     static_supports,
     traits_of,
 )
-from quickdraft.backends.llama_cpp import LlamaCppBackend, llama_cpp_installed
+from quickdraft.backends.llama_cpp import LlamaCppBackend, installed_patches, llama_cpp_installed
 from quickdraft.backends.native import NativeBackend
 from quickdraft.backends.static import StaticBackend
 from quickdraft.errors import QuickdraftError
@@ -401,7 +401,7 @@ def _llama_cpp_backend(
     threads = torch.get_num_threads()
     key = (LLAMA_CPP, threads, context)
     if key not in loaded.backends:
-        folder, signature = shapes_folder(cache_dir), {"file": file_key(gguf), "threads": threads}
+        folder, signature = shapes_folder(cache_dir), llama_cpp_signature(gguf, threads)
         # Exactness, not speed: checked whatever measure says, the first time a pass needs it
         # (seconds to a minute, once per machine and file).
         backend = LlamaCppBackend(
@@ -417,6 +417,12 @@ def _llama_cpp_backend(
             backend.time_passes = partial(measure_pass_costs, folder=folder, signature=signature)
         loaded.backends[key] = backend
     return loaded.backends[key]
+
+
+def llama_cpp_signature(gguf: Path, threads: int) -> dict:
+    """What the llama.cpp backend's one-time check and timing are kept under: the file, the threads
+    and the build's patches (a rebuilt llama.cpp has other kernels: it is checked and timed again)."""
+    return {"file": file_key(gguf), "threads": threads, "build": sorted(installed_patches())}
 
 
 def _kept_exact_rows(folder: Path, signature: dict, backend: LlamaCppBackend) -> int:

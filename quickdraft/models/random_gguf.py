@@ -18,7 +18,7 @@ from quickdraft.errors import QuickdraftError
 VOCAB_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 # The file types users' GGUFs have, by llama.cpp's names (its llama_ftype values).
 Q4_0_BLOCK, Q4_0_BYTES = 32, 18  # weights per block; its bytes: an fp16 scale and 16 of nibbles
-FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 8, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
 
 
 @dataclass(frozen=True)
@@ -175,9 +175,12 @@ def _random_q4_0(rng: np.random.Generator, size: tuple[int, int], std: float) ->
     return raw.reshape(out, blocks * Q4_0_BYTES)
 
 
-def quantize_gguf(source: str | Path, out: str | Path, file_type: str, threads: int = 0) -> Path:
+def quantize_gguf(
+    source: str | Path, out: str | Path, file_type: str, threads: int = 0, allow_requantize: bool = False
+) -> Path:
     """`source` quantized to `file_type` (a FILE_TYPES name) by llama.cpp's quantizer, as
-    llama-quantize does (its default mixture of tensor types for the K-quant file types)."""
+    llama-quantize does (its default mixture of tensor types for the K-quant file types).
+    allow_requantize: `source` may itself be quantized (as llama-quantize --allow-requantize)."""
     from quickdraft.backends.llama_cpp import require_llama_cpp
 
     if file_type not in FILE_TYPES:
@@ -186,6 +189,7 @@ def quantize_gguf(source: str | Path, out: str | Path, file_type: str, threads: 
     params = lib.llama_model_quantize_default_params()
     params.ftype = FILE_TYPES[file_type]
     params.nthread = threads
+    params.allow_requantize = allow_requantize
     if lib.llama_model_quantize(str(source).encode(), str(out).encode(), params) != 0:
         raise QuickdraftError(f"llama.cpp could not quantize {source} to {file_type}")
     return Path(out)
