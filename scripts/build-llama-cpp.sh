@@ -10,14 +10,17 @@
 # one-token passes bit for bit). Repacking is off (-DGGML_CPU_REPACK=OFF): repacked Q4_0/Q4_K
 # weights take kernels that change with the number of rows, and the row-exact kernel reads ggml's
 # own block layout.
-# Build flags work on any x86-64 CPU with AVX2, Intel or AMD: no -march=native (the build must not
-# depend on the machine that built it) and no AMX (a default build crashed in its AMX kernel on an
-# Intel Xeon). Skipped when this exact build is already installed. About 8 minutes on 2 cores.
+# And llama-cpp-cpu-variants.patch: the CPU back end is built twice, for AVX2 (ggml's "haswell"
+# variant) and for AVX-512 with VNNI ("cascadelake": Intel Xeons since 2019, AMD Zen 4), and libggml
+# loads the best one the CPU runs at start, from its own folder (where this build installs them).
+# So nothing depends on the machine that built it (no -march=native), and each CPU gets its kernels.
+# No AMX (a default build crashed in its AMX kernel on an Intel Xeon; ggml's AMX variant is not
+# built). Skipped when this exact build is already installed. About 10 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=0.3.36
 PATCHES=(patches/llama-cpp-row-independent-attention.patch patches/llama-cpp-ordered-cells.patch
-    patches/llama-cpp-row-exact-matmul.patch)
+    patches/llama-cpp-row-exact-matmul.patch patches/llama-cpp-cpu-variants.patch)
 STAMP=".venv/llama-cpp-build-$(cat "${PATCHES[@]}" | sha256sum | cut -c1-16)-$VERSION"
 if [[ -f "$STAMP" ]] && .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
     exit 0
@@ -33,10 +36,10 @@ tar xzf "$WORK/llama_cpp_python-$VERSION.tar.gz" -C "$WORK"
 for patch in "${PATCHES[@]}"; do
     (cd "$WORK/llama_cpp_python-$VERSION" && git apply -p1 "$OLDPWD/$patch")
 done
-echo "setup: building llama-cpp-python $VERSION with ${PATCHES[*]} (about 8 minutes on 2 cores)"
+echo "setup: building llama-cpp-python $VERSION with ${PATCHES[*]} (about 10 minutes on 2 cores)"
 start=$SECONDS
-CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
--DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_CPU_REPACK=OFF" \
+CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON \
+-DGGML_CPU_VARIANTS=haswell;cascadelake -DGGML_CPU_REPACK=OFF" \
 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
     .venv/bin/pip install --quiet --disable-pip-version-check --no-deps "$WORK/llama_cpp_python-$VERSION"
 .venv/bin/pip install --quiet --disable-pip-version-check diskcache==5.6.3  # its one dependency not already here

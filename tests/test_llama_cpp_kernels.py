@@ -5,6 +5,8 @@ agree with stock ggml's, which a 64-row decode still takes, within quantization 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gguf
 import pytest
 import torch
@@ -113,3 +115,20 @@ def decode_at_once(backend: LlamaCppBackend, seq: int, new: list[int]) -> torch.
     finally:
         lib.llama_batch_free(batch)
         lib.llama_memory_seq_rm(lib.llama_get_memory(backend._context), seq, 0, -1)
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads the CPU's flags from /proc/cpuinfo")
+@pytest.mark.skipif("llama-cpp-cpu-variants.patch" not in installed_patches(), reason="a build without CPU variants")
+def test_the_cpu_back_end_is_the_best_variant_this_cpu_runs():
+    """setup.sh builds the CPU back end for AVX2 and for AVX-512 VNNI, installed beside libggml, which
+    loads the best one the CPU runs: the row-exact kernels then use VNNI dot products where it has them."""
+    import llama_cpp as lib
+
+    folder = Path(lib.__file__).parent / "lib"
+    assert {"libggml-cpu-haswell.so", "libggml-cpu-cascadelake.so"} <= {p.name for p in folder.iterdir()}
+    lib.llama_backend_init()
+    info = lib.llama_print_system_info().decode()
+    flags = set(Path("/proc/cpuinfo").read_text().split())
+    vnni = {"avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw", "avx512_vnni"} <= flags
+    assert "AVX2 = 1" in info
+    assert ("AVX512_VNNI = 1" in info) == vnni, info
