@@ -16,6 +16,7 @@ from quickdraft.backends.llama_cpp import (
     ROW_EXACT_MATMUL,
     ROW_INVARIANT_ROWS,
     LlamaCppBackend,
+    build_description,
     installed_patches,
     llama_cpp_installed,
 )
@@ -132,3 +133,9 @@ def test_the_cpu_back_end_is_the_best_variant_this_cpu_runs():
     vnni = {"avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw", "avx512_vnni"} <= flags
     assert "AVX2 = 1" in info
     assert ("AVX512_VNNI = 1" in info) == vnni, info
+
+
+def test_reports_name_the_build_they_measured():
+    """Bench reports print this beside llama.cpp's figures: a stock build and setup.sh's differ in speed."""
+    assert build_description().startswith("llama-cpp-python 0.3.36, setup.sh's build (")
+    assert ROW_EXACT_MATMUL in build_description()

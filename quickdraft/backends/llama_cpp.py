@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.metadata
 import importlib.util
 import re
 import sys
@@ -177,6 +178,16 @@ def installed_patches() -> frozenset[str]:
     """The same for the installed llama-cpp-python, found without importing it (none if absent)."""
     spec = importlib.util.find_spec("llama_cpp")
     return _listed_patches(Path(spec.origin).parent) if spec is not None and spec.origin else frozenset()
+
+
+def build_description() -> str | None:
+    """Which llama-cpp-python is installed (None: none): its version, and whether it is setup.sh's
+    build (the patches it lists) or a stock one. Reports name it beside llama.cpp's figures."""
+    if not llama_cpp_installed():
+        return None
+    version = importlib.metadata.version("llama_cpp_python")
+    patches = sorted(installed_patches())
+    return f"llama-cpp-python {version}, " + (f"setup.sh's build ({', '.join(patches)})" if patches else "stock build")
 
 
 def _listed_patches(package: Path) -> frozenset[str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from quickdraft.backends.llama_cpp import build_description
 from quickdraft.bench.contenders import BASELINE, MethodContender
 from quickdraft.bench.harness import BenchResult
 from quickdraft.bench.summary import OVERALL, Summary
@@ -118,6 +119,7 @@ def markdown(result: BenchResult, summaries: dict[str, dict[str, Summary]], head
         + ".",
         "",
         *([f"Command: `{header['command']}`", ""] if header.get("command") else []),
+        *([f"llama.cpp (backend and peers): {header['llama_cpp']}.", ""] if header.get("llama_cpp") else []),
         "tok/s: new tokens (EOS included) over the whole call, prefill included; the median over prompts "
         "(each prompt: the median of its repeats). Speedup: that median over method none's (same backend, "
         "same prompts, run back to back). Mean accepted length: new tokens per target pass. Greedy "
@@ -206,7 +208,7 @@ def write_report(
 ) -> dict[str, Path]:
     """report.md, results.json and the plots under `output`; returns their paths."""
     output.mkdir(parents=True, exist_ok=True)
-    header = {"date": str(date.today()), "machine": machine(), "cpu": cpu()} | header
+    header = {"date": str(date.today()), "machine": machine(), "cpu": cpu(), "llama_cpp": build_description()} | header
     report = output / "report.md"
     report.write_text(markdown(result, summaries, header))
     raw = {
