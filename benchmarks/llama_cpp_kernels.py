@@ -3,7 +3,8 @@ on a stock llama-cpp-python, side by side in one run (issue 61's table).
 
 Each build runs in its own process through llama-cpp-python's own low-level API (the same calls for
 both): load the file, decode `--context` tokens, then time decodes of N new tokens with logits for
-every row, rolled back after each, rounds interleaved across N. Files: the default target, its
+every row, rolled back after each, rounds interleaved across N; each build's process runs --repeats
+times, alternating with the other's, and the median is kept. Files: the default target, its
 Q4_0 / Q8_0 / Q4_K_M requantizations (llama.cpp's quantizer), and random weights at TinyLlama-1.1B
 and Llama-3-8B shapes (Q4_0, plus Q4_K_M at 1B), made once under --files (real shapes, never shipped).
 The memory floor is the file's bytes over the bandwidth a torch sum over 2 GB measures on the same
@@ -141,6 +142,7 @@ def main() -> None:
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--context", type=int, default=128, help="cached tokens before each timed decode")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=3, help="processes per build and file, alternating")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -155,12 +157,17 @@ def main() -> None:
     gb_s = bandwidth_gb_s(args.threads)
     results = {}
     for name, path in tqdm(paths.items(), desc="files", unit="file"):
-        for build, site in builds.items():  # one after the other, on the same quiet machine
-            results[name, build] = run_build(site, path, args)
+        runs: dict[str, list[dict]] = {build: [] for build in builds}
+        for _ in range(args.repeats):  # the builds' processes alternate, so drifts in the machine hit both
+            for build, site in builds.items():
+                runs[build].append(run_build(site, path, args))
+        for build, done in runs.items():
+            ms = {n: statistics.median(run["ms"][n] for run in done) for n in done[0]["ms"]}
+            results[name, build] = done[0] | {"ms": ms}
     print(
-        f"ms of one decode of N new tokens after {args.context} cached, logits for every row, median of "
-        f"{args.rounds}; {args.threads} threads; {time.strftime('%Y-%m-%d')}, {platform.machine()}; "
-        f"memory read {gb_s:.1f} GB/s"
+        f"ms of one decode of N new tokens after {args.context} cached, logits for every row: median of "
+        f"{args.repeats} processes (alternating builds) of the median of {args.rounds} rounds; "
+        f"{args.threads} threads; {time.strftime('%Y-%m-%d')}, {platform.machine()}; memory read {gb_s:.1f} GB/s"
     )
     for build in builds:
         first = next(r for (_, b), r in results.items() if b == build)
