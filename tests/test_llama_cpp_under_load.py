@@ -195,7 +195,7 @@ def test_a_build_without_ordered_cells_serves_one_request_at_a_time(smollm2):
     and decodes one request at a time, which is exact."""
     # A context no other test uses: the model keeps one backend per context.
     decoder = Decoder(smollm2.target, None, "none", backend="llama.cpp", context=704, measure_shapes=False)
-    decoder.target_backend.ordered_cells = False  # what applied_patches() reads from a stock build
+    decoder.target_backend.ordered_cells = False  # what installed_patches() reads from a stock build
     assert not decoder.batches_exactly
     with pytest.warns(UserWarning, match="one at a time"):
         scheduler = Scheduler(decoder, max_batch=8)
@@ -240,8 +240,8 @@ def test_the_server_answers_each_request_as_alone_under_load(smollm2):
 
 
 def test_the_installed_build_lists_its_patches():
-    from quickdraft.backends.llama_cpp import ORDERED_CELLS, applied_patches, require_llama_cpp
+    from quickdraft.backends.llama_cpp import ORDERED_CELLS, installed_patches
 
-    listed = applied_patches(require_llama_cpp())
+    listed = installed_patches()
     assert ORDERED_CELLS in listed and "llama-cpp-row-independent-attention.patch" in listed
     assert all((Path(__file__).parent.parent / "patches" / name).is_file() for name in listed)

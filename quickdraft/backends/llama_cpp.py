@@ -169,15 +169,14 @@ ORDERED_CELLS = "llama-cpp-ordered-cells.patch"
 ROW_EXACT_MATMUL = "llama-cpp-row-exact-matmul.patch"
 
 
-def applied_patches(lib: object) -> frozenset[str]:
-    """The quickdraft patches the loaded llama-cpp-python was built with (none for a stock build)."""
-    return _listed_patches(Path(lib.__file__).parent)
-
-
 def installed_patches() -> frozenset[str]:
-    """The same for the installed llama-cpp-python, found without importing it (none if absent)."""
+    """The quickdraft patches the installed llama-cpp-python was built with (none for a stock build or
+    none installed), read beside its package without importing it."""
     spec = importlib.util.find_spec("llama_cpp")
-    return _listed_patches(Path(spec.origin).parent) if spec is not None and spec.origin else frozenset()
+    if spec is None or not spec.origin:
+        return frozenset()
+    listed = Path(spec.origin).parent / PATCHES_FILE
+    return frozenset(listed.read_text().split()) if listed.is_file() else frozenset()
 
 
 def build_description() -> str | None:
@@ -188,11 +187,6 @@ def build_description() -> str | None:
     version = importlib.metadata.version("llama_cpp_python")
     patches = sorted(installed_patches())
     return f"llama-cpp-python {version}, " + (f"setup.sh's build ({', '.join(patches)})" if patches else "stock build")
-
-
-def _listed_patches(package: Path) -> frozenset[str]:
-    listed = package / PATCHES_FILE
-    return frozenset(listed.read_text().split()) if listed.is_file() else frozenset()
 
 
 class LlamaCppCache:
@@ -344,7 +338,7 @@ class LlamaCppBackend:
         self._exact_rows: int | None = None  # checked when first needed
         # Whether sequences sharing the pool keep their cells in order (the patched build): without
         # it a sequence's rows can depend on the others', so only one sequence at a time is exact.
-        self.ordered_cells = ORDERED_CELLS in applied_patches(lib)
+        self.ordered_cells = ORDERED_CELLS in installed_patches()
         self.compactions = 0  # times the pool was compacted to make room above a sequence
         self._caches: weakref.WeakSet[LlamaCppCache] = weakref.WeakSet()  # the live ones
 
