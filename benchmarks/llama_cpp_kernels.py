@@ -19,7 +19,6 @@ Run:  .venv/bin/python benchmarks/llama_cpp_kernels.py [--stock-site /tmp/stock]
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import platform
@@ -67,7 +66,6 @@ def time_decodes(path: str, sizes: list[int], context: int, rounds: int, threads
         for n in sizes:
             start = time.perf_counter()
             decode(tokens[context : context + n], context, True)
-            ctypes.cast(lib.llama_get_logits(ctx), ctypes.c_void_p)  # logits are ready once decode returns
             times[n].append(1000 * (time.perf_counter() - start))
             lib.llama_memory_seq_rm(memory, 0, context, -1)
     lib.llama_batch_free(batch)

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 
-def random_tokens(generator: torch.Generator, n: int) -> list[int]:
-    return torch.randint(100, 40000, (n,), generator=generator).tolist()
+def random_tokens(generator: torch.Generator, n: int, vocab: int = 40000) -> list[int]:
+    return torch.randint(100, min(vocab, 40000), (n,), generator=generator).tolist()
 
 
 def gemma3_file(folder: Path) -> Path | None:

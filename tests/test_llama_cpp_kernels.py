@@ -10,6 +10,7 @@ from pathlib import Path
 import gguf
 import pytest
 import torch
+from llama_cpp_util import random_tokens
 
 from quickdraft.backends.backend import SeqPass
 from quickdraft.backends.llama_cpp import (
@@ -54,10 +55,6 @@ def files(random_ggufs, tmp_path_factory) -> dict:
     return made
 
 
-def tokens(backend: LlamaCppBackend, generator: torch.Generator, n: int) -> list[int]:
-    return torch.randint(100, min(backend.vocab_size, 40000), (n,), generator=generator).tolist()
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_rows_of_a_decode_of_any_size_equal_one_token_rows(files, arch, kind):
@@ -68,7 +65,10 @@ def test_rows_of_a_decode_of_any_size_equal_one_token_rows(files, arch, kind):
     assert KINDS[kind] <= held, (kind, held)  # the kernels under test are the ones the file takes
     backend = LlamaCppBackend(path, kind, threads=2, check_exact_rows=lambda _: ROW_INVARIANT_ROWS)
     generator = torch.Generator().manual_seed(3)
-    context, new = tokens(backend, generator, CONTEXT), tokens(backend, generator, ROW_INVARIANT_ROWS)
+    context, new = (
+        random_tokens(generator, CONTEXT, backend.vocab_size),
+        random_tokens(generator, ROW_INVARIANT_ROWS, backend.vocab_size),
+    )
     cache = backend.new_cache()
     backend.forward([SeqPass(cache, context, logits="none")])
     one = backend._rows_after(cache, CONTEXT, [[token] for token in new])  # [63, V]
@@ -85,7 +85,7 @@ def test_the_kernels_compute_what_stock_ggml_does(files, kind):
     of the same tokens agree with its rows up to quantization noise. A wrong scale, sign or offset in
     a kernel would not."""
     backend = LlamaCppBackend(files["llama", kind], kind, threads=2, check_exact_rows=lambda _: ROW_INVARIANT_ROWS)
-    new = tokens(backend, torch.Generator().manual_seed(5), ROW_INVARIANT_ROWS + 1)
+    new = random_tokens(torch.Generator().manual_seed(5), ROW_INVARIANT_ROWS + 1, backend.vocab_size)
     cache = backend.new_cache()
     ours = torch.cat([backend.forward([SeqPass(cache, part)])[0].logits for part in (new[:-1], new[-1:])])
     cache.truncate(0)
