@@ -96,6 +96,12 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
         help="each method also decodes the prompts this many at a time in shared passes; the report counts "
         "outputs that differ from alone (0: no batched run; default 4)",
     )
+    bench.add_argument(
+        "--in-order",
+        action="store_true",
+        help="run the prompts in the file's order as one stream of requests: each method learns from the "
+        "outputs before (suffix decoding); the report adds tokens per pass and speedup by request",
+    )
     bench.add_argument("--no-peers", action="store_true", help="leave out every peer")
     bench.add_argument("--quick", action="store_true", help="1 prompt per category, 48 tokens: a few minutes")
     add_option_flags(bench, model_only=True)
@@ -139,8 +145,16 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--api-key",
-        default=os.environ.get("QUICKDRAFT_API_KEY"),
-        help="require 'Authorization: Bearer KEY' (default: $QUICKDRAFT_API_KEY; unset: open)",
+        action="append",
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' (repeatable: any of them; default: $QUICKDRAFT_API_KEY; "
+        "unset: open). Suffix decoding drafts from the same key's earlier outputs only",
+    )
+    serve.add_argument(
+        "--share-across-keys",
+        action="store_true",
+        help="suffix decoding: every request drafts from every key's earlier outputs (how fast a request "
+        "runs then tells what others were sent; for one user's keys)",
     )
     serve.add_argument(
         "--allowed-host",
@@ -312,6 +326,13 @@ def add_plan_command(commands: argparse._SubParsersAction) -> None:
     plan.add_argument("--head", help="folder of an EAGLE or Medusa head (its file size counts as the draft)")
     plan.add_argument("--max-batch", type=int, default=1, help="sequences decoded together")
     plan.add_argument(
+        "--shared-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="suffix decoding: tokens of earlier outputs kept per tenant (its shared_tokens option; default 0)",
+    )
+    plan.add_argument(
         "--context",
         type=int,
         help="tokens per sequence (default: the target's context length; llama.cpp: its one "
@@ -397,6 +418,7 @@ def _plan(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         context=args.context,
         head_bytes=head,
+        pool_tokens=OPTION["shared_tokens"].check(args.shared_tokens),
     )
     print(
         f"{target.name} on the {backend} backend, {precision}, "
@@ -586,6 +608,7 @@ def _bench(args: argparse.Namespace) -> int:
         quick=args.quick,
         command=shlex.join(["quickdraft", *args.argv]),
         **({"batch": args.batch} if args.batch is not None else {}),
+        in_order=args.in_order,
     )
     report = paths["report"].read_text()
     print(report[: report.index("\n## ", report.index("## overall") + 1)].rstrip())  # header + overall table
@@ -611,7 +634,8 @@ def _serve(args: argparse.Namespace) -> int:
         body_seconds=args.body_seconds,
         max_connections_per_client=args.max_connections_per_client,
         max_body_bytes=args.max_body_bytes,
-        api_key=args.api_key or None,
+        api_key=tuple(args.api_key or filter(None, [os.environ.get("QUICKDRAFT_API_KEY")])) or None,
+        share_across_keys=args.share_across_keys,
         allowed_hosts=allowed_hosts(args.host, args.allowed_host),
         threads=args.threads,
     )
@@ -642,7 +666,7 @@ def _serve_here(args: argparse.Namespace, settings: ServerSettings) -> int:
     )
     print(
         f"quickdraft: serving {args.model_name or decoder.target.name} ({decoder.method}, k={decoder.k}) "
-        f"on http://{args.host}:{args.port}/v1" + (" (API key required)" if args.api_key else ""),
+        f"on http://{args.host}:{args.port}/v1" + (" (API key required)" if settings.api_key else ""),
         file=sys.stderr,
     )
     DrainingServer(app, args.host, args.port, settings.connection_limits).run()
@@ -666,7 +690,7 @@ def _serve_on_ray(args: argparse.Namespace, settings: ServerSettings) -> int:
         print(
             f"quickdraft: serving on {url}/v1 with Ray Serve "
             + (f"(autoscaling {args.autoscale})" if args.autoscale else f"({scaling.replicas} replica(s))")
-            + (" (API key required)" if args.api_key else ""),
+            + (" (API key required)" if settings.api_key else ""),
             file=sys.stderr,
         )
         on_ray.wait_for_signal()

@@ -239,10 +239,13 @@ class Decoder:
         chat: bool | None = None,
         text: bool = False,
         logprobs: int | None = None,
+        tenant: str | None = None,
     ) -> Generation:
         """A checked Generation, not prefilled yet (engine.prefill does several at once).
         text: keep a TextStream (generation.text) even without stop strings, to stream text;
-        logprobs: record each new token's log-probability with this many alternatives (0..20)."""
+        logprobs: record each new token's log-probability with this many alternatives (0..20);
+        tenant: whose earlier outputs a drafter that learns across sequences may draft from
+        (suffix decoding; the server passes the API key's): never another tenant's."""
         sampling = SamplingParams(temperature, top_k, top_p)  # checks its three by their declarations
         checked_sampling(logprobs=logprobs, max_new_tokens=max_new_tokens, seed=seed, stop=stop, chat=chat)
         prompt_ids = self.encode(prompt, chat)
@@ -261,7 +264,7 @@ class Decoder:
         slope = self.prior_slope if policy == "cost" else DEFAULT_PRIOR_SLOPE  # only the cost model reads it
         return Generation(
             self.target_backend,
-            self.drafter,
+            self.drafter.for_tenant(tenant),
             prompt_ids,
             draft_length=make_draft_length(policy, k, self.config.k_max, self.pass_costs, slope),
             max_new_tokens=max_new_tokens,

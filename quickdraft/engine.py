@@ -190,6 +190,7 @@ class Generation:
             self.drafter.update(self.draft_state, StepOutcome(self.tokens, path, hidden, aux))
         else:
             self.cache.truncate(0)  # finished: free its entries now (a pooled backend hands them to the next)
+            self.drafter.finish(self.draft_state, self.tokens)
         record = StepRecord(
             k=layout.k,
             draft_tokens=list(draft.tokens),

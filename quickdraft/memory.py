@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.backends.kinds import NATIVE, TRAITS, traits_for
+from quickdraft.drafters.suffix_store import BYTES_PER_TOKEN as POOL_BYTES_PER_TOKEN
 from quickdraft.errors import QuickdraftError
 from quickdraft.models.precision import precision_of
 
@@ -232,6 +233,7 @@ class MemoryReport:
     context: int
     transformers_copy: int = 0  # transformers models passed in memory, beyond what backends share of them (CPU)
     shared_kv: bool = False  # one KV pool for all sequences (llama.cpp)
+    pool: int = 0  # suffix decoding's earlier outputs, at most, per tenant
     device: str = "cpu"  # where weights, caches and buffers live (the transformers copy stays on the CPU)
     notes: list[str] = field(default_factory=list)
 
@@ -241,7 +243,9 @@ class MemoryReport:
 
     @property
     def total(self) -> int:
-        return self.transformers_copy + self.target_weights + self.draft_weights + self.kv_total + self.buffers
+        return (
+            self.transformers_copy + self.target_weights + self.draft_weights + self.kv_total + self.buffers + self.pool
+        )
 
     @property
     def on_device(self) -> int:
@@ -258,6 +262,7 @@ class MemoryReport:
             "kv_per_sequence": self.kv_per_sequence,
             "kv_total": self.kv_total,
             "buffers": self.buffers,
+            "suffix_pool": self.pool,
             "total": self.total,
             "on_device": self.on_device,
         }
@@ -272,6 +277,7 @@ class MemoryReport:
             (f"KV cache per sequence at {self.context} tokens", self.kv_per_sequence),
             (f"KV caches ({pool})", self.kv_total),
             ("working buffers (estimate)", self.buffers),
+            *([("earlier outputs to draft from (per tenant, most)", self.pool)] if self.pool else []),
             (f"total at {self.max_batch} sequences", self.total),
         ]
         if self.device != "cpu":
@@ -311,9 +317,11 @@ def plan_memory(
     head_bytes: int = 0,
     rows: int = 16,
     packed: bool | None = None,
+    pool_tokens: int = 0,
 ) -> MemoryReport:
     """What `max_batch` sequences of `context` tokens need on `backend` at `precision`, from shapes alone.
-    rows: tokens per pass per sequence (the static backend: always its 64)."""
+    rows: tokens per pass per sequence (the static backend: always its 64); pool_tokens: earlier
+    outputs suffix decoding keeps per tenant."""
     traits = TRAITS[backend]
     if context is None and traits.pool_cells is not None:  # its pool is allocated up front, capped
         context = min(target.context, traits.pool_cells)
@@ -336,6 +344,7 @@ def plan_memory(
         context,
         shared_kv=traits.shared_kv,
         device=device,
+        pool=pool_tokens * POOL_BYTES_PER_TOKEN,
     )
 
 
@@ -426,6 +435,7 @@ def loaded_memory(decoder, max_batch: int = 1, context: int | None = None) -> Me
         transformers,
         shared_kv=traits.shared_kv,
         device=decoder.device.type,
+        pool=getattr(getattr(decoder.drafter, "pools", None), "capacity", 0) * POOL_BYTES_PER_TOKEN,
     )
 
 

@@ -19,6 +19,7 @@ from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.head_tree import DEFAULT_TOP_K, tree_shape_for
 from quickdraft.drafters.lookup_branch import LookupBranch
 from quickdraft.drafters.medusa import MedusaDrafter
+from quickdraft.drafters.suffix import SuffixDrafter, SuffixPools
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.export import is_export
 from quickdraft.heads.format import read_config
@@ -69,6 +70,11 @@ class MethodConfig:
     window: int
     ngram: int
     candidates: int
+    max_match: int
+    spec_factor: float
+    min_prob: float
+    shared_tokens: int
+    share_prompts: bool
     head: str | None
     tree_top_k: int | None
     tree_nodes: int | None
@@ -227,6 +233,16 @@ def _build_eagle(parts: Parts, config: MethodConfig) -> Drafter:
     )
 
 
+def _build_suffix(parts: Parts, config: MethodConfig) -> Drafter:
+    return SuffixDrafter(
+        config.max_match,
+        config.spec_factor,
+        config.min_prob,
+        SuffixPools(config.shared_tokens, config.share_prompts),
+        getattr(parts.target_backend, "pass_ms", None),
+    )
+
+
 METHODS: dict[str, Method] = {
     "none": Method(lambda parts, config: NoDrafter(), default_k=0, speculative=False),
     "draft": Method(_build_draft, default_k=4, needs_draft_model=True),
@@ -241,6 +257,8 @@ METHODS: dict[str, Method] = {
         default_k=2,  # caps each verified n-gram's length; N - 1 is the most it can use
         drafts_trees=True,
     ),
+    # K is the tree's depth; its size follows the match and the measured pass costs.
+    "suffix": Method(_build_suffix, default_k=24, drafts_trees=True),
     # K is the tree's depth; tree_nodes its size after reranking.
     "medusa": Method(_build_medusa, default_k=3, drafts_trees=True, needs_hidden=True),
     "eagle": Method(_build_eagle, default_k=5, drafts_trees=True, needs_hidden=True),

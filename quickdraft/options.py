@@ -105,6 +105,50 @@ OPTIONS: tuple[Option, ...] = (
         "candidates", "lookahead: n-grams verified per pass G", default=4, low=1, high=MAX_K, methods=("lookahead",)
     ),
     Option(
+        "max_match",
+        "suffix: the longest suffix of the text (tokens) matched against what was written before",
+        default=24,
+        low=1,
+        high=256,
+        methods=("suffix",),
+    ),
+    Option(
+        "spec_factor",
+        "suffix: draft nodes per matched token (a match of n tokens drafts at most spec_factor x n nodes)",
+        kind=float,
+        default=1.0,
+        low=0.0,
+        high=float(MAX_TREE_NODES),
+        open_ends=(True, False),
+        methods=("suffix",),
+    ),
+    Option(
+        "min_prob",
+        "suffix: the least estimated chance for a node to be drafted (how often its continuation "
+        "followed the matched text)",
+        kind=float,
+        default=0.1,
+        low=0.0,
+        high=1.0,
+        open_ends=(False, False),
+        methods=("suffix",),
+    ),
+    Option(
+        "shared_tokens",
+        "suffix: tokens of earlier sequences' outputs kept to draft from, per tenant (the server's API "
+        "key); the oldest go first; 0: each sequence drafts from its own text only",
+        default=200_000,
+        low=0,
+        methods=("suffix",),
+    ),
+    Option(
+        "share_prompts",
+        "suffix: keep earlier sequences' prompts beside their outputs",
+        kind=bool,
+        default=False,
+        methods=("suffix",),
+    ),
+    Option(
         "head",
         "eagle/medusa: folder of a trained head (default: the one shipped for the embedded target)",
         kind=str,

@@ -86,6 +86,33 @@ def plot_tokens_per_second_vs_k(
     return _save(figure, path)
 
 
+def plot_by_request(
+    path: Path, per_pass: dict[str, list[float]], speedups: dict[str, list[float]], window: int = 8
+) -> Path:
+    """Tokens per target pass and speedup over plain decoding against the request's place in a
+    stream, one line per method: each request as a faint point, the mean of the last `window` as a line."""
+    figure, panels = plt.subplots(1, 2, figsize=(12, 4.5))
+    for axes, series, label in (
+        (panels[0], per_pass, "tokens per target pass"),
+        (panels[1], speedups, "speedup over plain decoding"),
+    ):
+        for index, (name, values) in enumerate(series.items()):
+            color = f"C{index}"
+            requests = range(1, len(values) + 1)
+            axes.plot(requests, values, ".", color=color, alpha=0.25)
+            means = [
+                sum(values[max(0, i + 1 - window) : i + 1]) / (i + 1 - max(0, i + 1 - window))
+                for i in range(len(values))
+            ]
+            axes.plot(requests, means, color=color, label=name)
+        axes.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        axes.set(
+            xlabel="request (in order)", ylabel=label, title=f"{label} by request (line: mean of the last {window})"
+        )
+        axes.legend(fontsize=8)
+    return _save(figure, path)
+
+
 def _save(figure, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,9 @@ REAL_VOCAB_TREE_RATE = 0.2
 def real_vocab_rate(method: str) -> float:
     """The least share of accepting passes for `method` over a real vocabulary."""
     return (
-        REAL_VOCAB_TREE_RATE if method.split(":")[0] in ("lookahead", "medusa", "eagle", "eagle3") else REAL_VOCAB_RATE
+        REAL_VOCAB_TREE_RATE
+        if method.split(":")[0] in ("lookahead", "medusa", "eagle", "eagle3", "suffix")
+        else REAL_VOCAB_RATE
     )
 
 

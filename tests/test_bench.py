@@ -165,7 +165,7 @@ def test_specs_expand_and_bad_ones_are_refused(decoder):
 
 def test_all_leaves_out_the_draft_method_without_a_draft_model(tiny_target):
     names = [c.name for c in method_contenders(Decoder(loaded(tiny_target, "t"), None, "none"), ["all"])]
-    assert names == ["none", "prompt-lookup", "self-spec", "lookahead"]
+    assert names == ["none", "prompt-lookup", "self-spec", "lookahead", "suffix"]
 
 
 def test_prompts_from_spec_bench_style_jsonl(tmp_path):
@@ -220,3 +220,31 @@ def test_the_sampler_comparison_reads_both_samplers_of_each_method(decoder, tmp_
     [row] = [line for line in lines if line.startswith("| 0.8 |")]  # prompt-lookup ran with one sampler only
     assert row.startswith("| 0.8 | draft |") and row.endswith("| 0/2 |")
     assert (tmp_path / "bars.png").read_bytes()[:8] == PNG
+
+
+def test_an_in_order_stream_learns_and_reports_by_request(decoder, tmp_path):
+    """The same prompt twice: in order, suffix decoding's second run drafts the first's answer
+    back; out of order (the default) no run learns from another, so both run alike."""
+    stream = [("extraction", [3, 5, 7, 9, 3, 5]), ("extraction", [3, 5, 7, 9, 3, 5])]
+    settings = BenchSettings(max_new_tokens=24)
+    results = {}
+    for in_order in (False, True):
+        contenders = method_contenders(decoder.with_method("none"), ["suffix:draft_length=fixed"])
+        results[in_order] = run_bench(stream, contenders, settings, progress=False, in_order=in_order)
+    alone = [p.runs["suffix:draft_length=fixed"][0] for p in results[False].prompts]
+    learned = [p.runs["suffix:draft_length=fixed"][0] for p in results[True].prompts]
+    assert alone[0].passes == alone[1].passes == learned[0].passes  # the warm-up taught nothing either
+    assert learned[1].passes < learned[0].passes / 2 and learned[1].tokens == learned[0].tokens
+    with pytest.raises(QuickdraftError, match="once"):
+        run_bench(stream, contenders, BenchSettings(max_new_tokens=4, repeats=2), progress=False, in_order=True)
+    result = results[True]
+    paths = write_report(
+        tmp_path,
+        result,
+        summarise_all(result),
+        {"target": "tiny", "precision": "fp32", "backend": "native", "prompts": "two", "methods": [], "peers": []},
+    )
+    report = paths["report"].read_text()
+    assert "## By request (in order)" in report and "| suffix:draft_length=fixed | " in report
+    assert paths["by_request"].read_bytes().startswith(PNG)
+    assert json.loads(paths["results"].read_text())["in_order"] is True

@@ -42,7 +42,7 @@ def test_plain_decoding_equals_transformers_greedy(tiny_target, prompt):
 
 @pytest.mark.speculation
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("method", ["draft", "prompt-lookup", "self-spec", "lookahead"])
+@pytest.mark.parametrize("method", ["draft", "prompt-lookup", "self-spec", "lookahead", "suffix"])
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_greedy_speculation_equals_plain_greedy(tiny_target, tiny_draft, method, k, device):
     plain = make_decoder(tiny_target, None, "none", device=device)
@@ -176,6 +176,8 @@ DISTRIBUTION_CASES = [
     ("self-spec", 3, SamplingParams(temperature=1.0, top_p=0.9)),
     ("lookahead", 2, SamplingParams(temperature=1.0)),
     ("lookahead", 2, SamplingParams(temperature=0.8, top_k=5)),
+    ("suffix", 3, SamplingParams(temperature=1.0)),
+    ("suffix", 2, SamplingParams(temperature=0.7, top_k=3, top_p=0.9)),
 ]
 
 

@@ -242,7 +242,15 @@ def test_hidden_states_are_the_final_norms_output(decoder, backend):
         "prompt-lookup",  # the cost model's K, which may be 0 throughout where passes are dear: exactness only
         *(
             pytest.param(m, marks=pytest.mark.speculation)
-            for m in ("prompt-lookup:draft_length=fixed", "self-spec", "draft", "lookahead", "eagle-1", "medusa")
+            for m in (
+                "prompt-lookup:draft_length=fixed",
+                "self-spec",
+                "draft",
+                "lookahead",
+                "eagle-1",
+                "medusa",
+                "suffix",
+            )
         ),
     ],
 )

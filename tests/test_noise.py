@@ -154,7 +154,15 @@ def test_seeded_text_does_not_follow_the_timings_the_cost_model_reads(models, me
 @pytest.mark.speculation
 def test_seeded_sampling_batched_equals_each_alone_and_plain(models):
     # Methods and lengths mixed in one batched step: each row's text is its plain seeded text.
-    jobs = [("draft", 3), ("none", None), ("self-spec", 2), ("prompt-lookup", 4), ("lookahead", 2), ("draft", 8)]
+    jobs = [
+        ("draft", 3),
+        ("none", None),
+        ("self-spec", 2),
+        ("prompt-lookup", 4),
+        ("lookahead", 2),
+        ("draft", 8),
+        ("suffix", 8),
+    ]
     base = decoder(models, "draft", 3)
     gens = []
     for (method, k), prompt in zip(jobs, [*PROMPTS, *PROMPTS]):
@@ -180,7 +188,7 @@ def test_seeded_sampling_equals_plain_seeded_decoding_on_every_backend(models, b
     settings = dict(backend=backend, measure_shapes=False)
     expected = plain_texts(models, 30, **settings)
     outputs = []
-    for method in ("draft", "prompt-lookup", "self-spec", "lookahead"):
+    for method in ("draft", "prompt-lookup", "self-spec", "lookahead", "suffix"):
         for k in (2, 5):
             spec = decoder(models, method, k, draft_length="adaptive", **settings)
             assert spec.backend_kind == backend

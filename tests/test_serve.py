@@ -636,3 +636,39 @@ def test_the_steps_endpoint_streams_step_records_then_done_and_the_playground_is
     assert httpx.get(server.url + "/playground/nope.js").status_code == 404
     info = httpx.get(server.url + "/v1/quickdraft/info").json()
     assert info["model"] == decoder.target.name and "lookahead" in info["methods"] and info["backend"] == "native"
+
+
+def test_suffix_decoding_drafts_from_the_same_keys_outputs_only(decoder):
+    """Each API key's requests draft from that key's earlier answers alone (speed would tell one
+    key what another was sent), unless the operator shares them across keys."""
+
+    def ask(server: Server, key: str) -> dict:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+        messages = [{"role": "user", "content": PROMPT}]
+        answer = client.chat.completions.create(
+            model=decoder.target.name, messages=messages, max_tokens=32, temperature=0
+        )
+        return answer.model_extra["quickdraft"]
+
+    def counts(stats: dict) -> tuple:
+        return stats["target_passes"], stats["drafted_tokens"], stats["accepted_tokens"]
+
+    kept = Server(create_app(decoder.with_method("suffix"), max_tokens_limit=32, api_key=("alpha", "beta")))
+    try:
+        first, again, other = ask(kept, "alpha"), ask(kept, "alpha"), ask(kept, "beta")
+        assert counts(again)[0] < counts(first)[0]  # alpha's second answer drafts from its first
+        assert counts(other) == counts(first)  # beta drafts as if nothing had been answered before
+        metrics = httpx.get(kept.url + "/metrics", headers={"authorization": "Bearer beta"}).text
+        assert 'quickdraft_suffix_pool{measure="tenants"} 2.0' in metrics
+    finally:
+        kept.stop()
+    shared = Server(
+        create_app(
+            decoder.with_method("suffix"), max_tokens_limit=32, api_key=("alpha", "beta"), share_across_keys=True
+        )
+    )
+    try:
+        first, other = ask(shared, "alpha"), ask(shared, "beta")
+        assert counts(other)[0] < counts(first)[0]  # shared: beta drafts from alpha's answer
+    finally:
+        shared.stop()

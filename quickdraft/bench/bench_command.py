@@ -36,6 +36,7 @@ def bench(
     progress: bool = True,
     command: str | None = None,
     batch: int = BATCH,
+    in_order: bool = False,
 ) -> dict[str, Path]:
     """Time `methods` (specs, or "all") against method none and the peers; write report, JSON, plots.
 
@@ -44,7 +45,9 @@ def bench(
     quick: one prompt per category and 48 new tokens unless given (a few minutes on a laptop CPU).
     command: the command line, kept in the report's header. batch: each method also decodes the
     prompts this many at a time in shared passes, and the report counts the outputs that differ
-    from the same prompt's alone (0 or 1: no batched run)."""
+    from the same prompt's alone (0 or 1: no batched run). in_order: the prompts, in their file's
+    order, are one stream of requests: each method learns from the outputs before it (suffix
+    decoding's pool), and the report shows tokens per pass and speedup by request."""
     if batch < 0:
         raise QuickdraftError(f"batch must be >= 0, got {batch}")
     per_category = per_category or (QUICK_PER_CATEGORY if quick else FULL_PER_CATEGORY)
@@ -62,7 +65,7 @@ def bench(
         contenders += transformers_peers(decoder.target, decoder.draft, decoder.eos_ids)
     if "llama.cpp" in peers:
         contenders += llama_cpp_peers(decoder.target.gguf, decoder.eos_ids)
-    result = run_bench(encoded, contenders, settings, progress)
+    result = run_bench(encoded, contenders, settings, progress, in_order)
     if batch > 1:
         result.batched = run_batched(result, encoded, batch, progress)
     summaries = summarise_all(result)
@@ -73,5 +76,6 @@ def bench(
         "prompts": str(source) if source else "the built-in prompt set",
         "methods": methods,
         "peers": list(peers),
+        "in_order": in_order,
     } | ({"command": command} if command else {})
     return write_report(output, result, summaries, header)

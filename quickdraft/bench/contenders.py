@@ -31,6 +31,7 @@ class RunRecord:
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     decode_seconds: float = 0.0  # drafting + verification time, prefill excluded (0 when unknown)
+    draft_seconds: float = 0.0  # drafting alone (0 when unknown)
 
 
 class Contender(Protocol):
@@ -46,16 +47,27 @@ class Contender(Protocol):
 
 
 class MethodContender:
-    """A quickdraft Decoder (one method with its settings)."""
+    """A quickdraft Decoder (one method with its settings). learns: each run may draft from the
+    outputs of the runs before it (suffix decoding's pool: the bench's in-order stream); else
+    every run is a tenant of its own and learns from none."""
 
     def __init__(self, name: str, decoder: Decoder, reference: str = BASELINE) -> None:
         self.name, self.decoder, self.reference = name, decoder, reference
         definition = get_method(decoder.method)
         self.chain, self.speculative = not definition.drafts_trees, definition.speculative
         self.seeded = decoder.config.sampler == "gumbel"
+        self.learns = False
+        self.runs = 0
+
+    def tenant(self) -> str | None:
+        """The tenant of the next run: the stream's (None) when it learns, else one of its own."""
+        self.runs += 1
+        return None if self.learns else f"bench run {self.runs}"
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> RunRecord:
-        out = self.decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+        out = self.decoder.generate(
+            prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, tenant=self.tenant()
+        )
         s = out.stats
         return RunRecord(
             out.token_ids,
@@ -66,6 +78,7 @@ class MethodContender:
             list(s.drafted_by_position),
             list(s.accepted_by_position),
             s.draft_time + s.verify_time,
+            s.draft_time,
         )
 
 

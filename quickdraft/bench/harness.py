@@ -52,6 +52,7 @@ class BenchResult:
     contenders: list[Contender]
     prompts: list[PromptRuns]
     batched: dict[str, BatchedRun] = field(default_factory=dict)  # quickdraft contender -> its batched run
+    in_order: bool = False  # the prompts ran as a stream, each method learning from the runs before
 
     @property
     def greedy(self) -> bool:
@@ -59,19 +60,31 @@ class BenchResult:
 
 
 def run_bench(
-    encoded: list[tuple[str, list[int]]], contenders: list[Contender], settings: BenchSettings, progress: bool = True
+    encoded: list[tuple[str, list[int]]],
+    contenders: list[Contender],
+    settings: BenchSettings,
+    progress: bool = True,
+    in_order: bool = False,
 ) -> BenchResult:
     """Run each (category, prompt ids) through every contender; the baseline must come first.
 
     Each prompt's contenders run back to back, the order rotated from prompt to prompt so no
-    contender always runs first; one short warm-up run each before anything is timed."""
+    contender always runs first; one short warm-up run each before anything is timed. in_order:
+    the prompts are a stream of requests, and each method's runs learn from the outputs of the
+    runs before them (suffix decoding's pool; the warm-up teaches nothing); else no run learns
+    from another."""
     settings.check()
     if not contenders or contenders[0].name != BASELINE:
         raise QuickdraftError(f"the first contender must be the baseline {BASELINE!r}")
     if not encoded:
         raise QuickdraftError("no prompts to run")
+    if in_order and settings.repeats > 1:
+        raise QuickdraftError("an in-order stream runs each prompt once: a repeat would draft from its own output")
     for contender in contenders:
         contender.run(encoded[0][1], WARMUP_TOKENS, settings.temperature, settings.seed)
+    for contender in contenders:
+        if isinstance(contender, MethodContender):
+            contender.learns = in_order
     results = []
     total = len(encoded) * settings.repeats * len(contenders)
     with tqdm(total=total, desc="bench", unit="run", disable=not progress) as bar:
@@ -85,7 +98,7 @@ def run_bench(
                     row.runs[contender.name].append(record)
                     bar.update()
             results.append(row)
-    return BenchResult(settings, contenders, results)
+    return BenchResult(settings, contenders, results, in_order=in_order)
 
 
 def run_batched(
@@ -99,10 +112,14 @@ def run_batched(
     runs: dict[str, BatchedRun] = {}
     for contender in tqdm(methods, desc=f"bench: {batch} at a time", unit="method", disable=not progress):
         decoder, tokens, seconds, differ = contender.decoder, 0, 0.0, []
+        contender.learns = False  # each prompt as new: what the stream taught would make batches look fast
         for first in range(0, len(encoded), batch):
             chosen = range(first, min(first + batch, len(encoded)))
             start = time.perf_counter()
-            generations = [decoder.prepare(encoded[i][1], s.max_new_tokens, s.temperature, seed=s.seed) for i in chosen]
+            generations = [
+                decoder.prepare(encoded[i][1], s.max_new_tokens, s.temperature, seed=s.seed, tenant=contender.tenant())
+                for i in chosen
+            ]
             prefill(generations)
             while live := [g for g in generations if not g.done]:
                 step(live)

@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import platform
+import statistics
 from dataclasses import asdict
 from datetime import date
 from pathlib import Path
@@ -13,16 +14,22 @@ from pathlib import Path
 import torch
 
 from quickdraft.backends.llama_cpp import build_description
-from quickdraft.bench.contenders import BASELINE, MethodContender
+from quickdraft.bench.contenders import BASELINE, MethodContender, RunRecord
 from quickdraft.bench.harness import BenchResult
 from quickdraft.bench.summary import OVERALL, Summary
-from quickdraft.plots import plot_acceptance_by_position, plot_grouped_bars, plot_tokens_per_second_vs_k
+from quickdraft.plots import (
+    plot_acceptance_by_position,
+    plot_by_request,
+    plot_grouped_bars,
+    plot_tokens_per_second_vs_k,
+)
 
 PLOTS = {
     "speedup": "speedup_by_category.png",
     "acceptance": "acceptance_by_position.png",
     "k": "tokens_per_second_vs_k.png",
 }
+BY_REQUEST = "by_request.png"  # an in-order stream's
 
 
 def machine() -> str:
@@ -151,7 +158,9 @@ def markdown(result: BenchResult, summaries: dict[str, dict[str, Summary]], head
                 + "; ".join(f"{name}: {len(numbers)} prompts" for name, numbers in peers.items())
             )
     lines += batched_lines(result)
-    lines += ["", "## Plots", ""] + [f"![{key}]({file})" for key, file in PLOTS.items()]
+    lines += stream_lines(result)
+    plots = {**PLOTS, **({"by_request": BY_REQUEST} if result.in_order else {})}
+    lines += ["", "## Plots", ""] + [f"![{key}]({file})" for key, file in plots.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -179,6 +188,72 @@ def batched_lines(result: BenchResult) -> list[str]:
     return lines
 
 
+def by_request(result: BenchResult) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per request, in order: each method's new tokens per target pass, and each contender's tok/s
+    over method none's on the same request (the median of its repeats' seconds)."""
+
+    def speed(runs: list[RunRecord]) -> float:
+        return len(runs[0].tokens) / statistics.median(r.seconds for r in runs)
+
+    per_pass: dict[str, list[float]] = {}
+    speedups: dict[str, list[float]] = {}
+    for prompt in result.prompts:
+        base = speed(prompt.runs[BASELINE])
+        for contender in result.contenders:
+            runs = prompt.runs[contender.name]
+            if contender.name != BASELINE:
+                speedups.setdefault(contender.name, []).append(speed(runs) / base)
+            if isinstance(contender, MethodContender) and runs[0].passes:
+                per_pass.setdefault(contender.name, []).append(len(runs[0].tokens) / runs[0].passes)
+    return per_pass, speedups
+
+
+def stream_lines(result: BenchResult) -> list[str]:
+    """An in-order stream's section: tokens per pass and speedup over its first and last halves
+    (totals: all new tokens over all passes, and over all seconds against method none's)."""
+    if not result.in_order:
+        return []
+    count = len(result.prompts)
+    halves = {"first half": result.prompts[: count // 2], "last half": result.prompts[count // 2 :]}
+    lines = [
+        "",
+        "## By request (in order)",
+        "",
+        f"The {count} prompts ran in order as one stream of requests; each method learned from the outputs "
+        "before (suffix decoding's pool; the other methods learn nothing across requests). Tokens per pass: "
+        "new tokens over target passes; speedup: new tokens per second over method none's, on the same "
+        "requests. Drafting: the method's drafting time per target pass, over method none's time per "
+        "pass (a one-token pass). Each request is plotted in by_request.png.",
+        "",
+        "| contender | tokens per pass, first half | last half | speedup, first half | last half | drafting |",
+        "|---|---|---|---|---|---|",
+    ]
+    base_runs = [p.runs[BASELINE][0] for p in result.prompts]
+    one_row = sum(r.decode_seconds for r in base_runs) / max(1, sum(r.passes for r in base_runs))
+    for contender in result.contenders:
+        if contender.name == BASELINE:
+            continue
+        cells = []
+        for prompts in halves.values():
+            runs = [p.runs[contender.name][0] for p in prompts]
+            passes = sum(r.passes for r in runs)
+            cells.append(f"{sum(len(r.tokens) for r in runs) / passes:.2f}" if passes else "-")
+        for prompts in halves.values():
+            own = sum(len(p.runs[contender.name][0].tokens) for p in prompts) / sum(
+                statistics.median(r.seconds for r in p.runs[contender.name]) for p in prompts
+            )
+            base = sum(len(p.runs[BASELINE][0].tokens) for p in prompts) / sum(
+                statistics.median(r.seconds for r in p.runs[BASELINE]) for p in prompts
+            )
+            cells.append(f"{own / base:.2f}x")
+        runs = [p.runs[contender.name][0] for p in result.prompts]
+        passes = sum(r.passes for r in runs)
+        drafting = sum(r.draft_seconds for r in runs) / passes / one_row if passes and one_row else None
+        cells.append(f"{100 * drafting:.1f}%" if drafting is not None else "-")
+        lines.append(f"| {contender.name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_plots(output: Path, result: BenchResult, summaries: dict[str, dict[str, Summary]]) -> list[Path]:
     overall = summaries[OVERALL]
     categories = [g for g in summaries if g != OVERALL] + [OVERALL]
@@ -200,6 +275,8 @@ def write_plots(output: Path, result: BenchResult, summaries: dict[str, dict[str
             line = f"{contender.decoder.method} ({contender.decoder.draft_length} K)"  # a K sweep is one line
             points.setdefault(line, []).append((contender.decoder.k, overall[contender.name].tokens_per_second))
     paths.append(plot_tokens_per_second_vs_k(output / PLOTS["k"], points, overall[BASELINE].tokens_per_second))
+    if result.in_order:
+        paths.append(plot_by_request(output / BY_REQUEST, *by_request(result)))
     return paths
 
 
@@ -226,6 +303,7 @@ def write_report(
         ],
     }
     raw["batched"] = {name: asdict(run) for name, run in result.batched.items()}
+    raw["in_order"] = result.in_order
     results = output / "results.json"
     results.write_text(json.dumps(raw, indent=1))
     plots = write_plots(output, result, summaries)

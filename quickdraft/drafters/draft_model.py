@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from quickdraft.backends.backend import Backend, Cache, SeqPass
-from quickdraft.drafters.drafter import Draft, DraftRequest, StepOutcome
+from quickdraft.drafters.drafter import Draft, DraftRequest, SequenceDrafter, StepOutcome
 from quickdraft.sampling import gumbel_pick, logits_to_probs, sample
 
 
@@ -25,7 +25,7 @@ class DraftModelState:
     active: bool = True
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(SequenceDrafter):
     """Runs a draft backend and keeps its full distribution q per position. Every sequence's
     next draft token comes from one batched pass of the draft model."""
 

@@ -121,6 +121,16 @@ class Drafter(Protocol):
         """Learn what the target accepted: roll back caches, grow pools, take hidden states."""
         ...
 
+    def finish(self, state: Any, tokens: list[int]) -> None:
+        """The sequence ended (end of text, a stop string or its length; not a failure): `tokens`
+        is its prompt and output, for a drafter that learns from earlier sequences."""
+        ...
+
+    def for_tenant(self, tenant: str | None) -> Drafter:
+        """This drafter for sequences of `tenant` (the server's API key), for a drafter that learns
+        across sequences: no tenant's sequences draft from another's."""
+        ...
+
 
 class SequenceDrafter:
     """Defaults for drafters that draft each sequence on its own from its tokens, with no state."""
@@ -139,6 +149,12 @@ class SequenceDrafter:
 
     def update(self, state: Any, outcome: StepOutcome) -> None:
         pass
+
+    def finish(self, state: Any, tokens: list[int]) -> None:
+        pass
+
+    def for_tenant(self, tenant: str | None) -> Drafter:
+        return self  # learns nothing across sequences: one for every tenant
 
 
 class NoDrafter(SequenceDrafter):

@@ -57,8 +57,11 @@ class Admission:
         except QuickdraftError as error:
             raise ApiError(400, str(error), param="messages") from error
 
-    def job(self, body: SamplingRequest, prompt_ids: list[int], chat: bool, events: JobEvents) -> Job:
-        """The request's Job, reporting to `events`, once the request passes every check (in this order)."""
+    def job(
+        self, body: SamplingRequest, prompt_ids: list[int], chat: bool, events: JobEvents, tenant: str | None = None
+    ) -> Job:
+        """The request's Job, reporting to `events`, once the request passes every check (in this order).
+        tenant: whose earlier outputs it may draft from (the gate's, from its API key)."""
         self._check_fields(body)
         requested = self._max_new_tokens(body, len(prompt_ids), chat)
         method = body.quickdraft.method if body.quickdraft else None
@@ -73,6 +76,7 @@ class Admission:
             seed=body.seed if body.seed is not None else secrets.randbits(63),
             stop=body.stops() or None,
             logprobs=body.top_logprobs(),
+            tenant=tenant,
         )
         return Job(
             prompt_ids,

@@ -27,7 +27,7 @@ class Answers:
         """The answer to `body` on `prompt_ids`: OpenAI's JSON or SSE stream (body.stream), or with
         `steps` the playground's stream of target passes."""
         events = JobEvents(self.metrics, request.scope["route"].path, every_step=steps, stream=body.stream)
-        job = self.admission.job(body, prompt_ids, chat, events)
+        job = self.admission.job(body, prompt_ids, chat, events, request.scope.get("state", {}).get("tenant"))
         try:
             self.scheduler.submit(job)
         except QueueFull as error:

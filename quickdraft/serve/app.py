@@ -4,7 +4,7 @@ the playground, over the batch scheduler, behind the Gate."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -31,17 +31,20 @@ def create_app(
     max_tokens_limit: int = 2048,
     drain_seconds: float = 30.0,
     max_body_bytes: int = MAX_BODY_BYTES,
-    api_key: str | None = None,
+    api_key: str | Sequence[str] | None = None,
     allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS,
     metrics_page: Callable[[], Awaitable[bytes]] | None = None,
     body_seconds: float = BODY_SECONDS,
+    share_across_keys: bool = False,
 ) -> FastAPI:
     """A FastAPI app serving `decoder`'s target under `model_name` (default: its name).
 
     max_batch: sequences decoded together; max_queue: requests waiting beyond those (then 429);
     max_tokens_limit: the largest max_tokens a request may ask for; drain_seconds: how long a
     shutdown lets running requests finish (then they end with a 503); max_body_bytes: larger
-    bodies get a 413; api_key: required as a bearer token (None: open); allowed_hosts: the Host
+    bodies get a 413; api_key: one key or several, required as a bearer token (None: open); each
+    key's requests draft only from that key's earlier outputs (suffix decoding) unless
+    share_across_keys; allowed_hosts: the Host
     names answered (None: any; the default suits a server bound to the loopback address);
     metrics_page: what /metrics shows (None: this server's metrics; on Ray Serve, every replica's);
     body_seconds: a request's body must all arrive within this (then 408)."""
@@ -62,6 +65,7 @@ def create_app(
         allowed_hosts=allowed_hosts,
         on_refused=lambda status: metrics.requests.labels("gate", str(status)).inc(),
         body_seconds=body_seconds,
+        shared_tenant=share_across_keys,
     )
     add_error_handlers(app)
     add_service_routes(app, name, scheduler, metrics, metrics_page)

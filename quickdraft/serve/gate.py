@@ -8,9 +8,10 @@ is never held whole in memory. Refusals are OpenAI-shaped JSON like every other 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from quickdraft.serve.connections import BODY_SECONDS
 from quickdraft.serve.protocol import error_body
@@ -36,6 +37,22 @@ def allowed_hosts(bound: str, extra: list[str] = ()) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(names))
 
 
+def api_keys(given: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The keys a server accepts, from one key, several, or none (open)."""
+    if given is None:
+        return ()
+    keys = (given,) if isinstance(given, str) else tuple(given)
+    if any(not key for key in keys):
+        raise ValueError("an API key must not be empty")
+    return tuple(dict.fromkeys(keys))
+
+
+def tenant_of(key: str) -> str:
+    """Who a request is for drafters that learn across requests: a digest of its API key (the key
+    itself is kept nowhere but the gate)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
 def host_name(header: str) -> str:
     """The name part of a Host header: "[::1]:8000" -> "::1", "Example.com:80" -> "example.com"."""
     header = header.strip().lower()
@@ -46,20 +63,24 @@ def host_name(header: str) -> str:
 
 class Gate:
     """Refuses, before the app runs: a Host not in `allowed_hosts` (400: closes DNS rebinding;
-    None allows any), a missing or wrong bearer key when `api_key` is set (401, except OPEN_PATHS),
-    a body over `max_body_bytes` (413), and a body not all in within `body_seconds` (408).
-    on_refused(status) counts each refusal."""
+    None allows any), a bearer key that is missing or not one of `api_key` when keys are set (401,
+    except OPEN_PATHS), a body over `max_body_bytes` (413), and a body not all in within
+    `body_seconds` (408). on_refused(status) counts each refusal. A request that passes carries
+    its tenant in scope["state"]["tenant"]: its key's digest (tenant_of), or None where the server
+    is open or `shared_tenant` (drafters then learn from every request alike)."""
 
     def __init__(
         self,
         app: Callable,
         max_body_bytes: int,
-        api_key: str | None = None,
+        api_key: str | Sequence[str] | None = None,
         allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS,
         on_refused: Callable[[int], None] = lambda status: None,
         body_seconds: float = BODY_SECONDS,
+        shared_tenant: bool = False,
     ) -> None:
-        self.app, self.max_body_bytes, self.api_key = app, max_body_bytes, api_key
+        self.app, self.max_body_bytes, self.keys = app, max_body_bytes, api_keys(api_key)
+        self.shared_tenant = shared_tenant
         self.body_seconds = body_seconds
         self.allowed_hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
         self.on_refused = on_refused
@@ -78,7 +99,20 @@ class Gate:
             self.on_refused(refusal[0])
             await _respond(send, *refusal)
             return
+        key = self._key(headers)
+        scope.setdefault("state", {})["tenant"] = None if key is None or self.shared_tenant else tenant_of(key)
         await self.app(scope, _replay(body, receive), send)
+
+    def _key(self, headers: dict[str, str]) -> str | None:
+        """The accepted key the request carries (None: none, or not one of ours)."""
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        given_bytes = given.strip().encode()
+        matched = [
+            key for key in self.keys if secrets.compare_digest(given_bytes, key.encode())
+        ]  # every key: no timing tell
+        return matched[0] if matched else None
 
     def _refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, dict, dict] | None:
         # No Host at all (HTTP/1.0) cannot be DNS rebinding: a browser always names the host it thinks it reaches.
@@ -95,9 +129,8 @@ class Gate:
                 ),
                 {},
             )
-        if self.api_key is not None and scope["path"] not in OPEN_PATHS:
-            scheme, _, given = headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), self.api_key.encode()):
+        if self.keys and scope["path"] not in OPEN_PATHS:
+            if self._key(headers) is None:
                 return (
                     401,
                     error_body(

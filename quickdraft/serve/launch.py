@@ -35,7 +35,8 @@ class ServerSettings:
     body_seconds: float = BODY_SECONDS
     max_connections_per_client: int = PER_CLIENT
     max_body_bytes: int = MAX_BODY_BYTES
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None  # one key or several (None: open)
+    share_across_keys: bool = False  # suffix decoding drafts from every key's earlier outputs
     allowed_hosts: tuple[str, ...] | None = LOOPBACK_HOSTS
     threads: int | None = None  # torch threads (None: torch's default)
 
@@ -87,4 +88,5 @@ def server_app(
         settings.allowed_hosts,
         metrics_page,
         settings.body_seconds,
+        settings.share_across_keys,
     )

@@ -86,12 +86,24 @@ class ServerMetrics:
             ["part"],
             registry=registry,
         )
+        self.suffix_pool = Gauge(
+            "quickdraft_suffix_pool",
+            "Suffix decoding's earlier outputs, all tenants together: tokens kept, their bytes, and tenants",
+            ["measure"],
+            registry=registry,
+        )
         self._totals = [0, 0, 0, 0]  # generated, passes, drafted, accepted: for the two ratios
 
     def record_memory(self, report) -> None:
         """Set the memory gauges from a MemoryReport."""
         for part, value in report.gauges().items():
             self.memory.labels(part).set(value)
+
+    def record_pools(self, pools: list) -> None:
+        """Set the suffix pool gauges from the server's SuffixPools."""
+        self.suffix_pool.labels("tokens").set(sum(p.tokens_held for p in pools))
+        self.suffix_pool.labels("bytes").set(sum(p.nbytes for p in pools))
+        self.suffix_pool.labels("tenants").set(sum(p.tenants for p in pools))
 
     def answered(self, request: Request, status: int) -> None:
         """Count an answer under its route template (never the raw path: labels stay bounded)."""

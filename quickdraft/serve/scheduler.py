@@ -229,4 +229,11 @@ class Scheduler:
             if generation.done:
                 self._active.remove(active)
                 active.job.on_finish(active.decoder.finish(generation), active.decoder)
+                self.metrics.record_pools(self._pools())
         self.metrics.active.set(len(self._active))
+
+    def _pools(self) -> list:
+        """The pools of earlier outputs the server's drafters keep (suffix decoding), each once."""
+        drafters = [self.decoder.drafter, *(decoder.drafter for decoder in self._decoders.values())]
+        pools = (getattr(drafter, "pools", None) for drafter in drafters)
+        return list({id(pool): pool for pool in pools if pool is not None}.values())
