@@ -222,11 +222,13 @@ def stream_lines(result: BenchResult) -> list[str]:
         f"The {count} prompts ran in order as one stream of requests; each method learned from the outputs "
         "before (suffix decoding's pool; the other methods learn nothing across requests). Tokens per pass: "
         "new tokens over target passes; speedup: new tokens per second over method none's, on the same "
-        "requests. Drafting: the method's drafting time per target pass, over method none's time per "
-        "pass (a one-token pass). Each request is plotted in by_request.png.",
+        "requests, the whole call (prefill included) and decoding alone (drafting and verification). "
+        "Drafting: the method's drafting time per target pass, over method none's time per pass (a "
+        "one-token pass). Each request is plotted in by_request.png.",
         "",
-        "| contender | tokens per pass, first half | last half | speedup, first half | last half | drafting |",
-        "|---|---|---|---|---|---|",
+        "| contender | tokens per pass, first half | last half | speedup, first half | last half "
+        "| decoding alone, first half | last half | drafting |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     base_runs = [p.runs[BASELINE][0] for p in result.prompts]
     one_row = sum(r.decode_seconds for r in base_runs) / max(1, sum(r.passes for r in base_runs))
@@ -246,6 +248,18 @@ def stream_lines(result: BenchResult) -> list[str]:
                 statistics.median(r.seconds for r in p.runs[BASELINE]) for p in prompts
             )
             cells.append(f"{own / base:.2f}x")
+        for prompts in halves.values():
+            runs = [p.runs[contender.name][0] for p in prompts]
+            base_runs_half = [p.runs[BASELINE][0] for p in prompts]
+            decoding = sum(r.decode_seconds for r in runs)
+            base_decoding = sum(r.decode_seconds for r in base_runs_half)
+            ratio = (
+                (sum(len(r.tokens) for r in runs) / decoding)
+                / (sum(len(r.tokens) for r in base_runs_half) / base_decoding)
+                if decoding and base_decoding
+                else None
+            )
+            cells.append(f"{ratio:.2f}x" if ratio is not None else "-")
         runs = [p.runs[contender.name][0] for p in result.prompts]
         passes = sum(r.passes for r in runs)
         drafting = sum(r.draft_seconds for r in runs) / passes / one_row if passes and one_row else None
