@@ -9,7 +9,7 @@ from conftest import loaded
 from spec_util import LOOPING
 
 from quickdraft import Decoder
-from quickdraft.drafters.drafter import DraftRequest, StepOutcome
+from quickdraft.drafters.drafter import DraftRequest
 from quickdraft.drafters.suffix import SuffixDrafter, SuffixPools
 from quickdraft.errors import QuickdraftError
 from quickdraft.memory import POOL_BYTES_PER_TOKEN, loaded_memory
@@ -107,17 +107,3 @@ def test_bad_settings_are_refused(tiny_target):
 def test_looping_text_is_drafted_long(tiny_target):
     out = suffix_decoder(tiny_target).generate(LOOPING, max_new_tokens=40)
     assert max(len(step.draft_tokens) for step in out.steps) >= 4 and out.stats.accepted_tokens > 10
-
-
-def test_estimates_that_do_not_hold_are_trusted_less():
-    pools = SuffixPools(1000)
-    pools.store(None).add([1, 2, 3, 4, 5, 6, 7, 8])
-    drafter = SuffixDrafter(24, 1.0, 0.1, pools, DEAR)
-    text = [9, 1, 2, 3, 4]
-    state = drafter.begin(text)
-    assert drafter.draft(request(state, text)).tokens == [5] and state.trust == 1.0
-    for _ in range(3):  # the target takes none of what was drafted (the third step drafts nothing)
-        drafter.draft(request(state, text))
-        drafter.update(state, StepOutcome(text, ()))
-    assert state.trust == pytest.approx(1 / 3)  # accepted 1 (the even start) of 1 + 1 + 1 expected
-    assert drafter.draft(request(state, text)).tokens == []  # a sure count, but it has not held here

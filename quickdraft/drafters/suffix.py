@@ -6,8 +6,7 @@ the text that occurred before, a tree of what followed grows best first by how o
 continuation did, stopped by a least chance and by a budget proportional to the match's length:
 long where the pattern is sure, nothing where it is not. The better tree of the two stores by
 expected accepted tokens is drafted, cut to the nodes worth their rows at the target's measured
-pass costs, each sequence scaling the estimates by how far they have held for it. No model; q is
-one-hot, so verification accepts a node with the target's p.
+pass costs. No model; q is one-hot, so verification accepts a node with the target's p.
 
 Tenants never draft from each other's outputs: how fast a request runs would tell what others
 were sent. The pools live in one SuffixPools that every copy of a drafter for a tenant shares.
@@ -51,24 +50,11 @@ class SuffixPools:
 
 @dataclass
 class SuffixState:
-    """One sequence: its own text (prompt and accepted tokens), its prompt's length, and how far
-    its trees' estimates held: `expected` is the summed chances of the nodes it drafted, `accepted`
-    how many of them the target took (both from one, an even start); `latest` the chances of the
-    nodes now being verified."""
+    """One sequence: its own text (prompt and accepted tokens) and its prompt's length."""
 
     own: SuffixStore
     prompt_length: int
     known: int  # tokens of the sequence in `own`
-    expected: float = 1.0
-    accepted: float = 1.0
-    latest: list[float] | None = None
-
-    @property
-    def trust(self) -> float:
-        """The factor on the estimates: what was accepted over what was expected, at most 1. A
-        count over few occurrences is sure of itself (one occurrence: a chance of 1); where rows
-        cost, drafting on it must be earned."""
-        return min(1.0, self.accepted / self.expected)
 
 
 class SuffixDrafter(SequenceDrafter):
@@ -112,16 +98,10 @@ class SuffixDrafter(SequenceDrafter):
             for store in self._stores(state)
         ]
         best = max(trees, key=lambda tree: tree.score, default=Continuations())
-        trusted = [chance * state.trust for chance in best.probs]
-        n = best_tree_size(trusted, self.pass_ms) if self.pass_ms else len(best.tokens)
-        state.latest = best.probs[:n]
+        n = best_tree_size(best.probs, self.pass_ms) if self.pass_ms else len(best.tokens)
         return Draft(best.tokens[:n], None, best.parents[:n]) if n else Draft()
 
     def update(self, state: SuffixState, outcome: StepOutcome) -> None:
-        if state.latest:
-            state.expected += sum(state.latest)
-            state.accepted += len(outcome.path)
-        state.latest = None
         self._catch_up(state, outcome.tokens)
 
     def finish(self, state: SuffixState, tokens: list[int]) -> None:
