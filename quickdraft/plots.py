@@ -96,8 +96,8 @@ def plot_by_request(
         (panels[0], per_pass, "tokens per target pass"),
         (panels[1], speedups, "speedup over plain decoding"),
     ):
-        for index, (name, values) in enumerate(series.items()):
-            color = f"C{index}"
+        for name, values in series.items():
+            color = f"C{list(speedups).index(name)}"  # a method keeps its colour in both panels
             requests = range(1, len(values) + 1)
             axes.plot(requests, values, ".", color=color, alpha=0.25)
             means = [

@@ -201,9 +201,10 @@ def by_request(result: BenchResult) -> tuple[dict[str, list[float]], dict[str, l
         base = speed(prompt.runs[BASELINE])
         for contender in result.contenders:
             runs = prompt.runs[contender.name]
-            if contender.name != BASELINE:
-                speedups.setdefault(contender.name, []).append(speed(runs) / base)
-            if isinstance(contender, MethodContender) and runs[0].passes:
+            if contender.name == BASELINE:
+                continue  # 1.0 on both: the dashed line
+            speedups.setdefault(contender.name, []).append(speed(runs) / base)
+            if runs[0].passes:  # peers count none
                 per_pass.setdefault(contender.name, []).append(len(runs[0].tokens) / runs[0].passes)
     return per_pass, speedups
 
