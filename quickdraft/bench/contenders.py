@@ -59,14 +59,14 @@ class MethodContender:
         self.learns = False
         self.runs = 0
 
-    def tenant(self) -> str | None:
+    def next_tenant(self) -> str | None:
         """The tenant of the next run: the stream's (None) when it learns, else one of its own."""
         self.runs += 1
         return None if self.learns else f"bench run {self.runs}"
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> RunRecord:
         out = self.decoder.generate(
-            prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, tenant=self.tenant()
+            prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, tenant=self.next_tenant()
         )
         s = out.stats
         return RunRecord(

@@ -117,7 +117,9 @@ def run_batched(
             chosen = range(first, min(first + batch, len(encoded)))
             start = time.perf_counter()
             generations = [
-                decoder.prepare(encoded[i][1], s.max_new_tokens, s.temperature, seed=s.seed, tenant=contender.tenant())
+                decoder.prepare(
+                    encoded[i][1], s.max_new_tokens, s.temperature, seed=s.seed, tenant=contender.next_tenant()
+                )
                 for i in chosen
             ]
             prefill(generations)
