@@ -90,7 +90,8 @@ class Gate:
             await self.app(scope, receive, send)
             return
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
-        refusal = self._refusal(scope, headers)
+        key = self._key(headers)
+        refusal = self._refusal(scope, headers, key)
         if refusal is None and int(headers.get("content-length", "0") or 0) > self.max_body_bytes:
             refusal = self._too_large()
         if refusal is None:
@@ -99,7 +100,6 @@ class Gate:
             self.on_refused(refusal[0])
             await _respond(send, *refusal)
             return
-        key = self._key(headers)
         scope.setdefault("state", {})["tenant"] = None if key is None or self.shared_tenant else tenant_of(key)
         await self.app(scope, _replay(body, receive), send)
 
@@ -109,12 +109,11 @@ class Gate:
         if scheme.lower() != "bearer":
             return None
         given_bytes = given.strip().encode()
-        matched = [
-            key for key in self.keys if secrets.compare_digest(given_bytes, key.encode())
-        ]  # every key: no timing tell
+        # Every key is compared, whichever matches: the time taken tells nothing of which.
+        matched = [key for key in self.keys if secrets.compare_digest(given_bytes, key.encode())]
         return matched[0] if matched else None
 
-    def _refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, dict, dict] | None:
+    def _refusal(self, scope: Scope, headers: dict[str, str], key: str | None) -> tuple[int, dict, dict] | None:
         # No Host at all (HTTP/1.0) cannot be DNS rebinding: a browser always names the host it thinks it reaches.
         if (
             self.allowed_hosts is not None
@@ -130,7 +129,7 @@ class Gate:
                 {},
             )
         if self.keys and scope["path"] not in OPEN_PATHS:
-            if self._key(headers) is None:
+            if key is None:
                 return (
                     401,
                     error_body(
