@@ -303,8 +303,7 @@ def test_eagle3_heads_are_refused_where_they_cannot_run(tiny_target, fused, tmp_
     train_eagle3(shards, *tables, config, tmp_path / "h", TrainSettings(steps=2, unroll=2), "t", progress=False)
     with pytest.raises(QuickdraftError, match="own LM head"):
         Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(tmp_path / "h"), full_vocab=True)
-    with pytest.raises(QuickdraftError, match="inner layers"):
-        Decoder(loaded(tiny_target, "t"), None, "eagle", head=str(tmp_path / "h"), backend="llama.cpp")
+    # (llama.cpp returns inner layers for some architectures only: tests/test_kinds.py, test_llama_cpp_backend.py)
 
 
 # --- prompt rows ---------------------------------------------------------------------------------

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import RANDOM_SHAPES, RANDOM_TYPES
-from heads_util import eagle1_head, medusa_heads
+from heads_util import eagle1_head, eagle3_head, medusa_heads
 from spec_util import REAL_VOCAB_RATE, assert_speculated
 from stats_util import chi_square_p_value, sample_batched
 
 from quickdraft import Decoder
 from quickdraft.backends.backend import SeqPass
-from quickdraft.backends.llama_cpp import llama_cpp_installed
+from quickdraft.backends.llama_cpp import llama_cpp_installed, records_layer_inputs
 from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.sampling import SamplingParams, logits_to_probs
 
@@ -30,7 +30,7 @@ pytestmark = [
     pytest.mark.skipif(not llama_cpp_installed(), reason="llama-cpp-python is not installed (./setup.sh builds it)"),
 ]
 
-DRAFTERS = ["prompt-lookup:draft_length=fixed", "self-spec", "draft", "lookahead", "eagle", "medusa"]
+DRAFTERS = ["prompt-lookup:draft_length=fixed", "self-spec", "draft", "lookahead", "eagle", "eagle-3", "medusa"]
 PROMPTS = ["The cat sat on the mat. The cat sat on the", "def add(a, b):\n    return a + b\n\ndef sub(a, b):"]
 
 
@@ -51,6 +51,28 @@ def decoder(
     return Decoder(target, draft, method, cache_dir=cache, measure_shapes=False, backend=backend, **options)
 
 
+def head_options(target: LoadedModel, folder: Path) -> dict[str, dict[str, str]]:
+    """Untrained heads: EAGLE-1 (the last hidden state), EAGLE-3 (where llama.cpp records the
+    inputs of inner layers for the architecture; elsewhere it is refused, tests/test_kinds.py) and Medusa."""
+    heads = {
+        "eagle": {"head": str(eagle1_head(target, folder / "eagle"))},
+        "medusa": {"head": str(medusa_heads(target, folder / "medusa"))},
+    }
+    if records_layer_inputs(target.config):
+        heads["eagle-3"] = {"head": str(eagle3_head(target, folder / "eagle3"))}
+    return heads
+
+
+def drafting_decoders(target: LoadedModel, draft: LoadedModel, backend: str, cache: Path, folder: Path):
+    """(name, decoder) for each of DRAFTERS on `backend` (the head methods with untrained heads)."""
+    heads = head_options(target, folder)
+    for method in [m for m in DRAFTERS if m != "eagle-3" or m in heads]:
+        chosen = draft if method == "draft" else None
+        fast = decoder(target, method.removesuffix("-3"), backend, cache, chosen, **heads.get(method, {}))
+        assert fast.backend_kind == backend
+        yield method, fast
+
+
 @pytest.mark.speculation
 @pytest.mark.parametrize("backend", ["llama.cpp", "native"])
 @pytest.mark.parametrize("kind", RANDOM_TYPES)
@@ -60,13 +82,7 @@ def test_every_drafter_equals_plain_greedy(random_ggufs, cache, arch, kind, back
     draft = load(random_ggufs, cache, arch, "Q4_0")  # the same random weights in another type: drafts get accepted
     plain = decoder(target, "none", backend, cache)
     expected = [plain.generate(p, max_new_tokens=40, chat=False).token_ids for p in PROMPTS]
-    heads = {
-        "eagle": {"head": str(eagle1_head(target, tmp_path / "eagle"))},
-        "medusa": {"head": str(medusa_heads(target, tmp_path / "medusa"))},
-    }
-    for method in DRAFTERS:
-        fast = decoder(target, method, backend, cache, draft if method == "draft" else None, **heads.get(method, {}))
-        assert fast.backend_kind == backend
+    for method, fast in drafting_decoders(target, draft, backend, cache, tmp_path):
         outputs = [fast.generate(p, max_new_tokens=40, chat=False) for p in PROMPTS]
         for prompt, want, got in zip(PROMPTS, expected, outputs):
             assert got.token_ids == want, (arch, kind, backend, method, prompt)
@@ -86,16 +102,16 @@ def test_every_drafter_sampled_with_a_seed_equals_plain_seeded_decoding(random_g
     sampled = dict(max_new_tokens=40, chat=False, temperature=0.5, top_p=0.95, seed=21)
     plain = decoder(target, "none", backend, cache)
     expected = [plain.generate(p, **sampled).token_ids for p in PROMPTS]
-    heads = {
-        "eagle": {"head": str(eagle1_head(target, tmp_path / "eagle"))},
-        "medusa": {"head": str(medusa_heads(target, tmp_path / "medusa"))},
-    }
-    for method in DRAFTERS:
-        fast = decoder(target, method, backend, cache, draft if method == "draft" else None, **heads.get(method, {}))
+    for method, fast in drafting_decoders(target, draft, backend, cache, tmp_path):
         outputs = [fast.generate(p, **sampled) for p in PROMPTS]
         for prompt, want, got in zip(PROMPTS, expected, outputs):
             assert got.token_ids == want, (arch, backend, method, prompt)
-        if method not in ("lookahead", "eagle", "medusa"):  # untrained heads and a random text's pool: see above
+        if method not in (
+            "lookahead",
+            "eagle",
+            "eagle-3",
+            "medusa",
+        ):  # untrained heads and a random text's pool: see above
             assert_speculated(outputs, REAL_VOCAB_RATE, label=method)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import GPT2Config, LlamaConfig
+from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig
 
 from quickdraft.backends.choice import BackendChoice
 from quickdraft.backends.kinds import BACKENDS, GGUF, HF, LLAMA_CPP, NATIVE, STATIC, TRAITS, all_precisions, traits_for
@@ -27,6 +27,7 @@ LLAMA = LlamaConfig(
     num_key_value_heads=2,
 )
 GPT2 = GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4)
+GEMMA3 = Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, head_dim=8)
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # a device object is planned for, not checked present
 FILE = Path("model.gguf")  # only whether a target is a GGUF file is read
 
@@ -34,7 +35,10 @@ FILE = Path("model.gguf")  # only whether a target is a GGUF file is read
 def test_the_options_and_the_cli_take_their_choices_from_the_specs():
     assert OPTION["backend"].choices == BACKENDS == ("auto", NATIVE, HF, LLAMA_CPP, STATIC)
     assert set(OPTION["precision"].choices) == set(all_precisions()) == {"fp32", "bf16", "int8", "int4", "fp16", GGUF}
-    assert TRAITS[LLAMA_CPP].shared_kv and not TRAITS[LLAMA_CPP].inner_layers and TRAITS[STATIC].rows == 64
+    assert TRAITS[LLAMA_CPP].shared_kv and TRAITS[STATIC].rows == 64
+    # llama.cpp records layer inputs (EAGLE-3's features) in some architectures' graphs only
+    assert TRAITS[LLAMA_CPP].inner_layers(LLAMA) and not TRAITS[LLAMA_CPP].inner_layers(GEMMA3)
+    assert TRAITS[NATIVE].inner_layers(GEMMA3)
 
 
 def test_auto_picks_by_device_file_and_architecture():
@@ -85,7 +89,10 @@ def test_auto_on_a_gguf_file_asks_for_the_verdict_only_where_it_times_one():
     untimed = choose_backend(big, FILE, "8b", device=CPU, verdict=verdict(False))
     assert untimed.kind == LLAMA_CPP and "not timed against native" in untimed.reason and asked == [True, False]
     assert choose_backend(LLAMA, FILE, "m", precision="int4", device=CPU).kind == NATIVE
-    assert choose_backend(LLAMA, FILE, "m", device=CPU, inner_layers=True).kind == NATIVE
+    eagle3 = choose_backend(LLAMA, FILE, "m", device=CPU, inner_layers=True, verdict=verdict(True))
+    assert eagle3.kind == LLAMA_CPP and asked == [True, False, True]  # timed like any method
+    gemma = choose_backend(GEMMA3, FILE, "m", device=CPU, inner_layers=True, verdict=verdict(True))
+    assert gemma.kind == NATIVE and "does not return for 'gemma3_text' models" in gemma.reason
     assert choose_backend(LLAMA, FILE, "m", precision=GGUF, device=CPU)[:2] == (LLAMA_CPP, GGUF)
 
 
@@ -105,7 +112,7 @@ def test_an_asked_for_backend_says_in_one_line_why_it_cannot_run_this():
             (dict(kind=LLAMA_CPP), "runs GGUF files; 'm' was not loaded from one"),
             (dict(kind=LLAMA_CPP, gguf=FILE, precision="int4"), "GGUF file's own types"),
             (dict(kind=LLAMA_CPP, gguf=FILE, device=CUDA), "runs on cpu here, not on cuda"),
-            (dict(kind=LLAMA_CPP, gguf=FILE, inner_layers=True), "inner layers"),
+            (dict(kind=LLAMA_CPP, config=GEMMA3, gguf=FILE, inner_layers=True), "inner layers.*'gemma3_text'"),
         ]
     for given, message in cases:
         setting = {"config": LLAMA, "gguf": None, "device": CPU} | given

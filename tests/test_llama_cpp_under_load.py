@@ -111,8 +111,9 @@ def gemma(tmp_path_factory) -> Decoder:
 
 def test_every_request_equals_itself_alone_on_the_default_file(smollm2):
     """Alone: plain decoding, one request at a time. Then 4 and 16 at a time, plain, with prompt
-    lookup and with suffix decoding (drafted rows beside other sequences' rows): greedy and seeded (sampler gumbel)
-    outputs follow the target and the seed alone, so each must equal its plain output alone."""
+    lookup, suffix decoding and the EAGLE-3 head (drafted rows beside other sequences' rows):
+    greedy and seeded (sampler gumbel) outputs follow the target and the seed alone, so each must
+    equal its plain output alone."""
     assert smollm2.batches_exactly and smollm2.target_backend.ordered_cells
     requests = jobs(smollm2)
     expected = alone(smollm2, requests)
@@ -120,6 +121,8 @@ def test_every_request_equals_itself_alone_on_the_default_file(smollm2):
     assert_each_as_alone(smollm2, "prompt-lookup", requests, expected)
     # suffix decoding: trees drafted from the answers that finished before, beside others' rows
     assert_each_as_alone(smollm2, "suffix", requests, expected, batches=(16,))
+    # the shipped EAGLE-3 head: trees drafted from the inputs of inner layers, recorded beside others' rows
+    assert_each_as_alone(smollm2, "eagle", requests, expected, batches=(16,))
 
 
 def test_every_request_equals_itself_alone_on_gemma3(gemma):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from transformers import PretrainedConfig
 
 from quickdraft.backends.hf import HFBackend
-from quickdraft.backends.llama_cpp import DEFAULT_CELLS, LlamaCppBackend
+from quickdraft.backends.llama_cpp import DEFAULT_CELLS, LlamaCppBackend, records_layer_inputs
 from quickdraft.backends.native import NativeBackend
 from quickdraft.backends.static import StaticBackend
 from quickdraft.errors import QuickdraftError
@@ -31,6 +31,10 @@ def any_architecture(config: PretrainedConfig, precision: str | None = None) -> 
     return True
 
 
+def every_model(config: PretrainedConfig) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class BackendTraits:
     """One backend: its choices, what it runs, and the layout memory.py counts."""
@@ -43,7 +47,7 @@ class BackendTraits:
     architectures: Callable[[PretrainedConfig, str | None], bool]  # does it run this config (at a precision)
     architecture_names: str  # what `architectures` accepts, for errors
     needs_gguf: bool = False  # runs GGUF files only, which it opens itself
-    inner_layers: bool = True  # returns inner layers' states (EAGLE-3 heads read them)
+    inner_layers: Callable[[PretrainedConfig], bool] = every_model  # returns inner layers' states (EAGLE-3 reads them)
     subset: str | None = None  # the backend a layer subset of it runs on (self-speculation; None: itself)
     weights: str = "tensors"  # "file": the GGUF file mapped; "transformers": a transformers model; "tensors": its own
     kv: str = "fp32"  # how a token's keys and values are stored: "fp32", "f16" or "activations" (the precision's)
@@ -117,7 +121,7 @@ TRAITS: dict[str, BackendTraits] = {
             architectures=any_architecture,
             architecture_names="what llama.cpp runs",
             needs_gguf=True,
-            inner_layers=False,
+            inner_layers=records_layer_inputs,
             subset=NATIVE,
             weights="file",
             kv="f16",

@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm import tqdm
-from transformers import PreTrainedTokenizerBase
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-from quickdraft.backends.backend import PassCostsOnFirstRead, PassOutput, SeqPass, check_passes
+from quickdraft.backends.backend import PassCostsOnFirstRead, PassOutput, SeqPass, check_passes, tapped_layers
 from quickdraft.errors import QuickdraftError
 
 
@@ -167,6 +167,42 @@ ORDERED_CELLS = "llama-cpp-ordered-cells.patch"
 # each row in the same order whatever the pass holds (and nothing is repacked); files of other types
 # still rely on the exactness check (exact_rows) to split passes.
 ROW_EXACT_MATMUL = "llama-cpp-row-exact-matmul.patch"
+
+
+# GGUF architectures whose llama.cpp graph records each layer's input (llm_graph_result's t_layer_inp,
+# read in llama-cpp-python 0.3.36's vendored src/models/), so a pass can return them (EAGLE-3's
+# features): by GGUF name, with transformers' model_type for the same architecture.
+LAYER_INPUT_ARCHITECTURES = {"llama": "llama", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
+
+
+def records_layer_inputs(config: PretrainedConfig) -> bool:
+    """Whether llama.cpp returns the inputs of inner layers for a model of this config."""
+    return getattr(config, "model_type", None) in LAYER_INPUT_ARCHITECTURES.values()
+
+
+@dataclass(frozen=True)
+class _LayerInputCalls:
+    """llama.cpp's staging API for layer inputs (src/llama-ext.h, C++ linkage, so found by its
+    mangled name): set(context, layer, on) records layer `layer`'s input rows [n_batch, H] for every
+    token of later decodes; get(context, layer) points at the last decode's."""
+
+    set: Callable
+    get: Callable
+
+    SET = ("llama_set_embeddings_layer_inp", "_Z30llama_set_embeddings_layer_inpP13llama_contextjb")
+    GET = ("llama_get_embeddings_layer_inp", "_Z30llama_get_embeddings_layer_inpP13llama_contextj")
+
+    @classmethod
+    def find(cls, lib) -> _LayerInputCalls | None:
+        """The two calls in llama-cpp-python's library, or None where this build lacks them."""
+        shared = getattr(getattr(lib, "llama_cpp", None), "_lib", None)
+        found = [next((getattr(shared, n) for n in names if hasattr(shared, n)), None) for names in (cls.SET, cls.GET)]
+        if shared is None or None in found:
+            return None
+        setter, getter = found
+        setter.argtypes, setter.restype = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool], None
+        getter.argtypes, getter.restype = [ctypes.c_void_p, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float)
+        return cls(setter, getter)
 
 
 def installed_patches() -> frozenset[str]:
@@ -330,6 +366,15 @@ class LlamaCppBackend:
         vocab = lib.llama_model_get_vocab(model)
         self.vocab_size = int(lib.llama_vocab_n_tokens(vocab))
         self.hidden_size = int(lib.llama_model_n_embd(model))
+        self.layers = int(lib.llama_model_n_layer(model))
+        named = ctypes.create_string_buffer(64)
+        lib.llama_model_meta_val_str(model, b"general.architecture", named, len(named))
+        self.architecture = named.value.decode()
+        # Inputs of inner layers (EAGLE-3's features), recorded from the first pass that asks for them
+        # on: recording costs a pass nothing measurable (docs/llama-cpp.md, "Taps"), and switching it
+        # makes llama.cpp plan its graph again.
+        self._layer_inputs = _LayerInputCalls.find(lib) if self.architecture in LAYER_INPUT_ARCHITECTURES else None
+        self.recorded_layers: frozenset[int] = frozenset()
         self.device, self.dtype = torch.device("cpu"), torch.float32
         self.precision = "gguf"
         self.time_passes = None  # backends/select.py: times pass_ms when first read
@@ -439,11 +484,7 @@ class LlamaCppBackend:
 
     def forward(self, passes: list[SeqPass]) -> list[PassOutput]:
         check_passes(passes, self.max_length)
-        if any(p.hidden and p.taps for p in passes):
-            raise ValueError(
-                "the llama.cpp backend returns the last hidden state only; EAGLE-3 heads need the "
-                "inputs of inner layers: use backend='native' (or 'hf')"
-            )
+        self._record_layer_inputs(tapped_layers(passes, range(self.layers)))
         for p in passes:
             if not isinstance(p.cache, LlamaCppCache) or p.cache.backend is not self:
                 raise ValueError("a cache from another backend was passed to this one")
@@ -474,6 +515,20 @@ class LlamaCppBackend:
             states = torch.from_numpy(np.stack([hidden[k][i] for i in places])) if p.hidden else None  # [n, H]
             results.append(PassOutput(rows, states))
         return results
+
+    def _record_layer_inputs(self, layers: set[int]) -> None:
+        """Have later decodes record these layers' inputs (beside those recorded already)."""
+        if not layers - self.recorded_layers:
+            return
+        if self._layer_inputs is None:
+            raise ValueError(
+                f"llama.cpp does not return the inputs of inner layers for this {self.architecture!r} file "
+                f"(it does for {', '.join(LAYER_INPUT_ARCHITECTURES)}); EAGLE-3 heads need them: use "
+                f"backend='native' (or 'hf')"
+            )
+        for layer in sorted(layers - self.recorded_layers):
+            self._layer_inputs.set(self._context, layer, True)
+        self.recorded_layers |= layers
 
     def _laid_out_and_run(self, passes: list[SeqPass], step: int) -> tuple[list[_Layout], tuple[list, list]]:
         """Lay out and run the passes (the views a failure leaves released)."""
@@ -517,7 +572,7 @@ class LlamaCppBackend:
         every view), then the pass's tokens, for a masked pass its first chain first."""
         cache, n = p.cache, len(p.tokens)
         positions = list(range(cache.length, cache.length + n)) if p.positions is None else list(p.positions)
-        wanted = range(n) if p.hidden or p.logits == "all" else [n - 1] if p.logits == "last" else []
+        wanted = range(n) if _last_state(p) or p.logits == "all" else [n - 1] if p.logits == "last" else []
         outputs = [i in wanted for i in range(n)]
         pending = [(token, cache.placed + i) for i, token in enumerate(cache.pending)]
         if p.mask is None:
@@ -599,18 +654,34 @@ class LlamaCppBackend:
         try:
             for chunk in chunks:
                 self._decode(passes, layouts, chunk)
+                inputs = self._layer_input_rows(passes, chunk)  # layer -> [len(chunk), H], no copy
                 for t, (k, i) in enumerate(chunk):
+                    p = passes[k]
+                    if p.hidden and p.taps:  # every token of the decode has its layers' inputs
+                        hidden[k][i] = np.concatenate([inputs[layer][t] for layer in p.taps])  # [len(taps) H]
                     if not layouts[k].outputs[i]:
                         continue
-                    if passes[k].logits != "none":
+                    if p.logits != "none":
                         logits[k][i] = self._row(self._lib.llama_get_logits_ith, t, self.vocab_size)
-                    if passes[k].hidden:
+                    if _last_state(p):
                         hidden[k][i] = self._row(self._lib.llama_get_embeddings_ith, t, self.hidden_size)
         except BaseException:
             for p in passes:  # cells a failed pass left behind
                 self._remove(p.cache.seq, p.cache.placed)
             raise
         return logits, hidden
+
+    def _layer_input_rows(self, passes: list[SeqPass], chunk: list[tuple[int, int]]) -> dict[int, np.ndarray]:
+        """The last decode's recorded layer inputs that this chunk's passes asked for: layer ->
+        [len(chunk), H] fp32, a view of llama.cpp's buffer (valid until the next decode)."""
+        layers = {layer for k, _ in chunk if passes[k].hidden for layer in passes[k].taps}
+        rows = {}
+        for layer in layers:
+            pointer = self._layer_inputs.get(self._context, layer)
+            if not pointer:
+                raise RuntimeError(f"llama.cpp returned no inputs of layer {layer}")
+            rows[layer] = np.ctypeslib.as_array(pointer, shape=(len(chunk), self.hidden_size))
+        return rows
 
     def _decode(self, passes: list[SeqPass], layouts: list[_Layout], chunk: list[tuple[int, int]]) -> None:
         """One llama_decode of these (pass, place) entries, in order."""
@@ -623,7 +694,7 @@ class LlamaCppBackend:
             for s, seq in enumerate(ids):
                 batch.seq_id[t][s] = seq
         batch.n_tokens = len(chunk)
-        hidden = any(passes[k].hidden for k, _ in chunk)
+        hidden = any(_last_state(passes[k]) for k, _ in chunk)
         if hidden != self._embeddings:
             lib.llama_set_embeddings(self._context, hidden)
             self._embeddings = hidden
@@ -651,6 +722,12 @@ class LlamaCppBackend:
         if not pointer:
             raise RuntimeError(f"llama.cpp returned no output row for batch token {index}")
         return np.ctypeslib.as_array(pointer, shape=(width,)).copy()
+
+
+def _last_state(p: SeqPass) -> bool:
+    """Whether a pass asks for the last hidden state (llama.cpp's embeddings, output rows only),
+    not for layer inputs (recorded for every row)."""
+    return p.hidden and not p.taps
 
 
 def _chain_first(attends: list[frozenset[int]]) -> list[int]:

@@ -125,7 +125,7 @@ def choose_backend(
     backend, checked (device, architecture, file, precision, inner layers). auto: on a CUDA
     device, static where the architecture is supported and the precision dense; on a CPU,
     llama.cpp for a GGUF target when llama-cpp-python is installed, no precision was asked for
-    and the method does not read inner layers, unless `verdict` (llama.cpp timed against a
+    and the method does not read inner layers it does not return, unless `verdict` (llama.cpp timed against a
     native copy, backends/choice.py; asked only where that copy is small, timed_against_native)
     finds native clearly faster; else native where the architecture is supported, else hf.
     inner_layers: the method reads inner layers' states (EAGLE-3). stored: the checkpoint's own
@@ -144,7 +144,7 @@ def choose_backend(
     default = precision or default_precision(device)
     if device.type == "cuda" and default in TRAITS[STATIC].precisions and static_supports(config, default):
         return Choice(STATIC, default, "static: a CUDA device and an architecture and precision it supports")
-    why = _why_not_llama_cpp(gguf, precision, device, inner_layers)
+    why = _why_not_llama_cpp(config, gguf, precision, device, inner_layers)
     if why is None:
         if not timed_against_native(config):
             return Choice(
@@ -181,10 +181,10 @@ def _asked(
     why: str = "",
 ) -> Choice:
     """The backend the user named, or one clear error saying why it cannot run this."""
-    if inner_layers and not traits.inner_layers:
+    if inner_layers and not traits.inner_layers(config):
         raise QuickdraftError(
             f"this EAGLE-3 head drafts from the target's inner layers, which the {traits.name} "
-            f"backend does not return; use backend='native' (or 'auto')"
+            f"backend does not return for {config.model_type!r} models; use backend='native' (or 'auto')"
         )
     if traits.needs_gguf:
         check_llama_cpp_installed()
@@ -198,7 +198,7 @@ def _asked(
 
 
 def _why_not_llama_cpp(
-    gguf: Path | None, precision: str | None, device: torch.device, inner_layers: bool
+    config: PretrainedConfig, gguf: Path | None, precision: str | None, device: torch.device, inner_layers: bool
 ) -> str | None:
     """Why auto does not consider llama.cpp for a target (None: it does)."""
     if gguf is None:
@@ -209,8 +209,8 @@ def _why_not_llama_cpp(
         return "llama.cpp runs on the CPU only"
     if not llama_cpp_installed():
         return "llama-cpp-python is not installed"
-    if inner_layers:
-        return "the EAGLE-3 head reads inner layers, which llama.cpp does not return"
+    if inner_layers and not TRAITS[LLAMA_CPP].inner_layers(config):
+        return f"the EAGLE-3 head reads inner layers, which llama.cpp does not return for {config.model_type!r} models"
     return None
 
 
