@@ -218,7 +218,7 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
         "--distill-batch",
         type=int,
         metavar="N",
-        help="with --distill: prompts answered at once (default: 64 on a CPU, 256 on a GPU)",
+        help="with --distill: prompts answered at once (default: 16 on llama.cpp, 64 on a CPU, 256 on a GPU)",
     )
     train.add_argument(
         "--feature-batch",
@@ -300,7 +300,8 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
     train.add_argument(
         "--target-precision",
         choices=["fp32", "bf16", "int8", "int4"],
-        help="what the target computes at while it distils and extracts features (default: the "
+        help="what the target computes at while it distils and extracts features, on the native "
+        "backend (default: a GGUF file on llama.cpp where it returns inner layers, else the "
         "checkpoint's own where the native backend has it: bf16 stays bf16, a GGUF file fp32)",
     )
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from heads_util import target_backend
 
+from quickdraft.backends.llama_cpp import llama_cpp_installed
 from quickdraft.errors import QuickdraftError
 from quickdraft.heads.config import Eagle3Config, EagleConfig
 from quickdraft.heads.eagle3 import Eagle3Head
@@ -466,6 +467,33 @@ def test_features_and_answers_come_through_the_backend_without_a_transformers_mo
         assert (fused_choice[: max(start - 2, 0)] == -1).all()  # EAGLE-3: no choices in the prompt
         assert torch.equal(fused_choice[max(start - 2, 0) :], choice[max(start - 2, 0) :])
         assert answer == expected[: len(answer)] and (len(answer) == 10 or answer[-1] in decoder.eos_ids)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not llama_cpp_installed(), reason="llama-cpp-python is not installed (./setup.sh builds it)")
+@pytest.mark.parametrize("kind", ["F32", "Q4_1"])
+def test_a_gguf_target_distils_and_extracts_on_llama_cpp_as_native_does(random_ggufs, tmp_path, kind):
+    """The file's weights, llama.cpp's arithmetic: an F32 file's features equal native fp32's to
+    their bf16 storage's rounding; a Q4_1 file's (activations rounded to 8 bits for its products)
+    within a few percent. The greedy choices and answers agree (a random model's logits have no near ties at
+    these prompts)."""
+    from quickdraft.models.loading import load_model
+    from quickdraft.training.features import target_features
+
+    target = load_model(random_ggufs["llama", kind], cache_dir=tmp_path)
+    ours, native = feature_decoder(target), feature_decoder(target, precision="fp32")
+    assert (ours.backend_kind, native.backend_kind) == ("llama.cpp", "native")
+    generator = torch.Generator().manual_seed(4)
+    sequences = [(torch.randint(100, 8000, (n,), generator=generator).tolist(), 3) for n in (9, 30, 70)]
+    layers = Eagle3Config.from_target(target.config).features
+    tolerance = 0.01 if kind == "F32" else 0.1  # features are kept as bf16 (8 bits of mantissa)
+    for backend_features in zip(*(target_features(d.target_backend, sequences, layers) for d in (ours, native))):
+        (fused, choice), (fused_native, choice_native) = backend_features
+        error = (fused.float() - fused_native.float()).norm(dim=-1) / fused_native.float().norm(dim=-1)
+        assert error.max() < tolerance, error.max()
+        assert (choice == choice_native).float().mean() >= 0.9
+    prompts = [(ids[:5], 5) for ids, _ in sequences]
+    assert regenerate(ours, prompts, 8, progress=False) == regenerate(native, prompts, 8, progress=False)
 
 
 @pytest.mark.parametrize("kind, eagle", [("medusa", 3), ("eagle", 3)])

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quickdraft.backends.kinds import NATIVE, TRAITS
+from quickdraft.backends.kinds import LLAMA_CPP, NATIVE, TRAITS
+from quickdraft.backends.llama_cpp import llama_cpp_installed
 from quickdraft.backends.select import choose_backend
 from quickdraft.decoder import Decoder
 from quickdraft.errors import QuickdraftError
@@ -26,11 +27,24 @@ NORM = "model.norm.weight"  # the final norm (EAGLE-3 heads norm their output wi
 KINDS = ("medusa", "eagle")
 
 
-def feature_decoder(loaded: LoadedModel, device: str = "cpu", precision: str | None = None) -> Decoder:
-    """Plain decoding of the target on a backend that returns inner layers' states (native where it
-    runs the architecture, else hf): what distils its answers and extracts its features. precision:
-    the checkpoint's own where native computes at it (a GGUF file's: fp32; fp16 runs at bf16), so
-    an 8B bf16 checkpoint needs no fp32 copy; None chooses so."""
+# Sequences the llama.cpp backend distils at once: its sequences share one pool of cells, and every
+# row's attention reads past the whole pool's cells, so wider batches got slower (2 cores, default
+# target: 143 tokens/s at 16, 102 at 32; native fp32 at 64: 81; benchmarks/train_backends.py).
+LLAMA_CPP_DISTILL_BATCH = 16
+
+
+def feature_decoder(
+    loaded: LoadedModel, device: str = "cpu", precision: str | None = None, cells: int | None = None
+) -> Decoder:
+    """Plain decoding of the target on a backend that returns inner layers' states: what distils
+    its answers and extracts its features. A GGUF file on a CPU, with no precision asked for, runs
+    on llama.cpp where it returns them (its plain decoding is several times native fp32's);
+    cells: that backend's pool of cache cells (None: its default). Else native where it runs the
+    architecture, else hf. precision: the checkpoint's own where native computes at it (a GGUF
+    file's: fp32; fp16 runs at bf16), so an 8B bf16 checkpoint needs no fp32 copy; None chooses so."""
+    on_llama_cpp = precision is None and device == "cpu" and loaded.gguf is not None and llama_cpp_installed()
+    if on_llama_cpp and TRAITS[LLAMA_CPP].inner_layers(loaded.config):
+        return Decoder(loaded, None, "none", backend=LLAMA_CPP, device=device, context=cells)
     if precision is None:
         stored = loaded.stored_precision
         precision = stored if stored in TRAITS[NATIVE].precisions else "bf16"
@@ -46,6 +60,12 @@ def feature_decoder(loaded: LoadedModel, device: str = "cpu", precision: str | N
         stored=loaded.stored_precision,
     )
     return Decoder(loaded, None, "none", backend=choice.kind, precision=choice.precision, device=device)
+
+
+def features_folder(name: str, decoder: Decoder) -> str:
+    """Where features made by this decoder's backend are cached: llama.cpp's beside native's, never
+    mixed (the same weights, other arithmetic)."""
+    return f"{name}-{LLAMA_CPP}" if decoder.backend_kind == LLAMA_CPP else name
 
 
 def training_sequences(
@@ -167,9 +187,7 @@ def train(
         raise QuickdraftError(f"--heads must be >= 1, got {heads}")
     if init is not None and (kind, eagle) != ("eagle", 3):
         raise QuickdraftError("--init fine-tunes EAGLE-3 heads only (train eagle --eagle 3)")
-    if distill_batch is None:
-        distill_batch = 64 if settings.device == "cpu" else 256
-    if distill_batch < 1:
+    if distill_batch is not None and distill_batch < 1:
         raise QuickdraftError(f"--distill-batch must be >= 1, got {distill_batch}")
     if feature_batch is None:
         feature_batch = 1 if settings.device == "cpu" else 16384
@@ -180,7 +198,15 @@ def train(
     cache = cache if cache is not None else output / "cache"
     loaded = load_model(target)
     # Distillation and features run on the target's backend, where the head trains; no transformers model.
-    decoder = feature_decoder(loaded, settings.device, target_precision)
+    batch = distill_batch or LLAMA_CPP_DISTILL_BATCH
+    cells = batch * min(
+        max_tokens + (distill_tokens or 0), int(getattr(loaded.config, "max_position_embeddings", 8192))
+    )
+    decoder = feature_decoder(loaded, settings.device, target_precision, cells)
+    if distill_batch is None:
+        distill_batch = (
+            LLAMA_CPP_DISTILL_BATCH if decoder.backend_kind == LLAMA_CPP else 64 if settings.device == "cpu" else 256
+        )
     sequences = training_sequences(
         loaded,
         data,
@@ -203,7 +229,7 @@ def train(
             extract_features(
                 backend,
                 sequences,
-                cache / "features-eagle3",
+                cache / features_folder("features-eagle3", decoder),
                 progress,
                 config.features,
                 batch_tokens=feature_batch,
@@ -213,7 +239,9 @@ def train(
         norm = loaded.tensor(NORM).float()
         return train_eagle3(shards, lm_head, norm, embeddings, config, output, settings, loaded.name, progress, init)
     shards = load_features(
-        extract_features(backend, sequences, cache / "features", progress, batch_tokens=feature_batch)
+        extract_features(
+            backend, sequences, cache / features_folder("features", decoder), progress, batch_tokens=feature_batch
+        )
     )
     if kind == "medusa":
         return train_medusa(shards, lm_head, heads, output, settings, loaded.name, progress)
