@@ -112,6 +112,23 @@ def best_tree_size(confidences: list[float], pass_ms: dict[int, float]) -> int:
     return best
 
 
+def best_tree_value(confidences: list[float], pass_ms: dict[int, float], extra_ms: float = 0.0) -> float:
+    """The most expected tokens per millisecond any tree over these nodes (most confident first)
+    gives, when a step that verifies any of them also pays `extra_ms` (a head's drafting); the
+    empty tree (a plain pass) pays none of it."""
+    best, expected = 1.0 / pass_cost(pass_ms, 1), 1.0
+    for n, p in enumerate(confidences[: max(pass_ms) - 1], start=1):
+        expected += p
+        best = max(best, expected / (pass_cost(pass_ms, n + 1) + extra_ms))
+    return best
+
+
+def drafting_pays(accepted: float, rows: float, extra_ms: float, pass_ms: dict[int, float]) -> bool:
+    """Whether steps that verify `rows` drafted rows (on average), of which `accepted` are
+    accepted, and pay `extra_ms` to draft them, give more tokens per millisecond than plain passes."""
+    return (1 + accepted) / (pass_cost(pass_ms, 1 + rows) + extra_ms) > 1 / pass_cost(pass_ms, 1)
+
+
 def tree_budget(pass_ms: dict[int, float] | None, tolerance: float = 1.1) -> int:
     """Draft nodes a token tree should verify per pass: the largest pass measured to cost at most
     `tolerance` x a one-token pass, less its root row (on a GPU rows are nearly free: up to 63;

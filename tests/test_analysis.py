@@ -131,3 +131,14 @@ def test_a_pass_never_costs_more_than_a_larger_one_it_could_be_padded_to():
     assert padded_costs({1: 60.0, 2: 25.0, 4: 40.0, 8: 80.0}) == {1: 25.0, 2: 25.0, 4: 40.0, 8: 80.0}
     rising = {1: 10.0, 2: 12.0, 4: 20.0}
     assert padded_costs(rising) == rising  # costs that grow with rows are left as they are
+
+
+def test_drafting_pays_only_where_its_tokens_outrun_its_rows_and_its_own_cost():
+    from quickdraft.analysis import best_tree_value, drafting_pays
+
+    costs = {1: 10.0, 2: 11.0, 4: 12.0, 8: 20.0}
+    assert drafting_pays(1.0, 3.0, 0.0, costs)  # 2 tokens in 12 ms against 1 in 10
+    assert not drafting_pays(1.0, 3.0, 13.0, costs)  # 2 in 25 ms
+    assert not drafting_pays(0.1, 1.0, 0.0, costs)  # 1.1 in 11 ms: a tie is no gain
+    assert best_tree_value([0.9, 0.8, 0.1], costs) == pytest.approx(2.7 / 11.5)  # two nodes: three rows, 11.5 ms
+    assert best_tree_value([0.9, 0.8, 0.1], costs, extra_ms=100.0) == pytest.approx(0.1)  # plain passes

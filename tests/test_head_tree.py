@@ -207,6 +207,12 @@ def test_the_head_rests_only_when_none_of_its_nodes_could_pay():
     assert head_cannot_pay(sure, math.log(0.9), 4, steps) is None  # the head might beat the copy
     assert head_cannot_pay([], math.log(0.02), 4, steps) == 0  # nothing pays: a plain pass, no drafting
     assert head_cannot_pay([], math.log(0.5), 4, steps) is None
+    # What the head's trees got (0.5 tokens of 3 rows a step) against its measured drafting: at
+    # 5 ms a step it does not pay (1.5 tokens in 12 + 5 ms, plain 1 in 10), at 0 ms it might.
+    assert head_cannot_pay(sure, math.log(0.9), 4, steps, 5.0, (0.5, 3.0)) == 3  # the copy alone
+    assert head_cannot_pay([], math.log(0.5), 4, steps, 5.0, (0.5, 3.0)) == 0
+    assert head_cannot_pay([], math.log(0.5), 4, steps, 0.0, (0.5, 3.0)) is None
+    assert head_cannot_pay([], math.log(0.5), 4, steps, 40.0) == 0  # no tree pays 40 ms more
     # Against the full drafting it stands in for: a head whose nodes score under the bound.
     vocab = torch.tensor([10, 11, 12])
 
@@ -300,3 +306,19 @@ def test_under_gumbel_max_a_heads_guesses_are_ordered_by_its_tilted_distribution
                 ranked = guesses[row][order][: int((q[row] > 0).sum())]  # the tokens the filters kept, in order
                 assert ranked.diff().le(0).all() and ranked.isfinite().all()  # every rank, not only the first
     assert len(picks) > 3  # the noise moves the first guess off the head's argmax
+
+
+def test_a_resting_head_checks_again_ever_later_while_it_does_not_pay():
+    from quickdraft.drafters.tree_record import MOST_REST, RECHECK_EVERY, TreeRecord
+
+    record = TreeRecord()
+    limits = []
+    for _ in range(6):
+        while record.may_rest():
+            record.rested()
+        limits.append(record.idle + 1)  # the step that checks
+        record.checks()
+        record.idle = 0  # it drafted, and did not pay: then rests again
+    assert limits == [RECHECK_EVERY, 16, 32, MOST_REST, MOST_REST, MOST_REST]
+    record.pays()
+    assert record.rest == RECHECK_EVERY

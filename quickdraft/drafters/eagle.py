@@ -16,6 +16,9 @@ parent's output.
 
 from __future__ import annotations
 
+import statistics
+import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -41,6 +44,23 @@ class EagleState:
     record: TreeRecord = field(default_factory=TreeRecord)
 
 
+class HeadCost:
+    """What the head's drafting took a step (its pairs committed and its tree grown), in
+    milliseconds: the median of the latest `window` steps that drafted (0 before any). The head
+    rests where a tree of its nodes could not pay for this beside the rows it adds; it only
+    changes drafts, never an output."""
+
+    def __init__(self, window: int = 16) -> None:
+        self.recent: deque[float] = deque(maxlen=window)
+
+    @property
+    def ms(self) -> float:
+        return statistics.median(self.recent) if self.recent else 0.0
+
+    def add(self, seconds: float) -> None:
+        self.recent.append(seconds * 1e3)
+
+
 class EagleDrafter(SequenceDrafter):
     needs_hidden = True
 
@@ -59,6 +79,7 @@ class EagleDrafter(SequenceDrafter):
         self.taps = tuple(head.config.features) if isinstance(head, Eagle3Head) else ()
         self.top_k, self.nodes, self.tree = top_k, nodes, tree
         self.pass_ms = tuple(sorted((pass_ms or {}).items()))  # given: `nodes` is a cap, chosen per step
+        self.cost = HeadCost()  # shared by the sequences: the same head, the same machine
         TreeShape(1, top_k, nodes, tree)  # refuse bad settings now, not at the first step
 
     def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None) -> EagleState:
@@ -83,13 +104,20 @@ class EagleDrafter(SequenceDrafter):
         branch = (
             None if self.branch is None or k < 1 else self.branch.propose(record, request.tokens, request.reach or k)
         )
-        if self.pass_ms and k >= 1 and record.may_rest():  # the head drafts where one of its nodes could pay
+        if self.pass_ms and k >= 1 and not record.may_rest():
+            record.checks()
+        elif self.pass_ms and k >= 1:  # the head drafts where one of its nodes could pay
             chain, scores = branch or ([], [])
-            alone = head_cannot_pay(scores, record.head_scale, self.nodes, dict(self.pass_ms))
+            alone = head_cannot_pay(
+                scores, record.head_scale, self.nodes, dict(self.pass_ms), self.cost.ms, record.head_measured()
+            )
             if alone is not None:  # its pending pairs wait for the next step that drafts
-                record.latest, record.idle = chain_draft(chain, alone), record.idle + 1
+                record.latest = chain_draft(chain, alone)
+                record.rested()
                 return Draft(chain[:alone], None, record.latest.parents) if alone else Draft()
+            record.pays()
         record.idle = 0
+        started = time.perf_counter()
         if state.pending:
             state.predicted = self._commit(state)
         if state.predicted is None or k < 1:  # no verified state yet (a one-token prompt)
@@ -132,6 +160,7 @@ class EagleDrafter(SequenceDrafter):
             record.latest = draft_tree(first, expand, shape, self.head.vocab, branch)
         finally:
             cache.truncate(root)  # the tree's entries go: only verified pairs stay
+            self.cost.add(time.perf_counter() - started)
         tree = record.latest
         return Draft(tree.tokens, None, tree.parents) if tree.tokens else Draft()  # none: drafting does not pay
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quickdraft.analysis import best_tree_size
+from quickdraft.analysis import best_tree_size, best_tree_value, drafting_pays
 from quickdraft.errors import QuickdraftError
 from quickdraft.sampling import SamplingParams, logits_to_probs
 from quickdraft.tree import depths
@@ -139,11 +139,26 @@ def draft_tree(
     )
 
 
-def head_cannot_pay(chain_scores: list[float], head_bound: float, nodes: int, pass_ms: dict[int, float]) -> int | None:
-    """The branch nodes to verify when no node of the head's can pay for its row, whatever the head
-    would say (each of its `nodes` scores at most head_bound, a log): then the head need not draft
-    at all. None: a head node might pay, so draft the tree."""
-    return kept_without(chain_scores, head_bound, nodes, pass_ms)
+def head_cannot_pay(
+    chain_scores: list[float],
+    head_bound: float,
+    nodes: int,
+    pass_ms: dict[int, float],
+    head_ms: float = 0.0,
+    measured: tuple[float, float] | None = None,
+) -> int | None:
+    """The branch nodes to verify when no tree with the head's nodes can pay for their rows and for
+    drafting them (head_ms, the head's measured step), whatever the head would say (each of its
+    `nodes` scores at most head_bound, a log), or when its trees so far did not (measured: the
+    head nodes accepted and verified per step that drafted them): then the head need not draft at
+    all. None: a tree with head nodes might be worth more tokens per millisecond, so draft it."""
+    chain = [math.exp(s) for s in chain_scores]
+    alone = best_tree_size(chain, pass_ms)
+    if measured is not None and not drafting_pays(*measured, head_ms, pass_ms):
+        return alone
+    bounded = sorted([*chain, *[math.exp(head_bound)] * nodes], reverse=True)
+    with_head = best_tree_value(bounded, pass_ms, head_ms)
+    return alone if with_head <= best_tree_value(chain[:alone], pass_ms) else None
 
 
 def kept_without(scores: list[float], bound: float, copies: int, pass_ms: dict[int, float]) -> int | None:

@@ -17,6 +17,10 @@ from quickdraft.drafters.head_tree import TreeDraft
 # A head left idle (none of its nodes could pay) still drafts every this many steps, so that its
 # record keeps up with the text (an idle head learns nothing).
 RECHECK_EVERY = 8
+MOST_REST = 64
+# Trees with head nodes verified before what they got accepted is trusted to say whether the
+# head pays for its drafting.
+MEASURED_STEPS = 4
 
 
 @dataclass
@@ -45,10 +49,38 @@ class TreeRecord:
     next: Rate = field(default_factory=Rate)
     latest: TreeDraft | None = None
     idle: int = 0  # steps since the head last drafted
+    rest: int = RECHECK_EVERY  # steps it may rest at most: doubled each time a check found it still does not pay
+    checked: bool = False  # the head's last draft was a check (it had rested as long as it may)
+    head_steps: int = 0  # verified trees that held head nodes
+    head_rows: int = 0  # head nodes those trees verified
+    head_tokens: int = 0  # and of them, the ones accepted
 
     def may_rest(self) -> bool:
-        """Whether the head may skip this step (it drafted within the last RECHECK_EVERY steps)."""
-        return self.idle < RECHECK_EVERY - 1
+        """Whether the head may skip this step (it drafted within the last `rest` steps)."""
+        return self.idle < self.rest - 1
+
+    def rested(self) -> None:
+        """The head skips this step: right after a check that found it still does not pay, it may
+        rest twice as long (at most MOST_REST steps) before the next check."""
+        if self.idle == 0 and self.checked:
+            self.rest = min(2 * self.rest, MOST_REST)
+        self.checked = False
+        self.idle += 1
+
+    def checks(self) -> None:
+        """The head drafts this step because it rested as long as it may."""
+        self.checked = True
+
+    def pays(self) -> None:
+        """The head drafts this step because it might pay: checks come every RECHECK_EVERY steps again."""
+        self.rest, self.checked = RECHECK_EVERY, False
+
+    def head_measured(self, least: int = MEASURED_STEPS) -> tuple[float, float] | None:
+        """Head nodes accepted and verified per tree that held any, once `least` such trees were
+        verified (None before)."""
+        if self.head_steps < least:
+            return None
+        return self.head_tokens / self.head_steps, self.head_rows / self.head_steps
 
     @property
     def head_scale(self) -> float:
@@ -69,6 +101,10 @@ class TreeRecord:
         accepted = set(path)
         self.head_expected += sum(tree.head)
         self.head_accepted += sum(1 for n in path if tree.head[n] > 0)
+        rows = sum(1 for confidence in tree.head if confidence > 0)
+        if rows:
+            self.head_steps, self.head_rows = self.head_steps + 1, self.head_rows + rows
+            self.head_tokens += sum(1 for n in path if tree.head[n] > 0)
         if tree.chain:
             matched = next((i for i, n in enumerate(tree.chain) if n not in accepted), len(tree.chain))
             self.first.tried += 1
