@@ -29,7 +29,8 @@ KINDS = ("medusa", "eagle")
 
 # Sequences the llama.cpp backend distils at once: its sequences share one pool of cells, and every
 # row's attention reads past the whole pool's cells, so wider batches got slower (2 cores, default
-# target: 143 tokens/s at 16, 102 at 32; native fp32 at 64: 81; benchmarks/train_backends.py).
+# target: 143 tokens/s at 16, 120 at 24, 102 at 32; benchmarks/llama_cpp_training.py times 16
+# against native fp32 at 64).
 LLAMA_CPP_DISTILL_BATCH = 16
 
 
